@@ -1,0 +1,27 @@
+# Fresh machine: `make demo` or `make test`; both create .venv and install what they need.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# The CPU wheel of torch lies on local disk here; letting pip choose pulls GBs of CUDA.
+TORCH := torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test clean
+
+$(STAMP): pyproject.toml Makefile $(wildcard tests/plugins/*/pyproject.toml)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q $(TORCH)
+	$(PIP) install -q -e '.[test]'
+	for p in tests/plugins/*/; do [ -f $$p/pyproject.toml ] && $(PIP) install -q -e $$p || true; done
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m mizuoto.demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) .pytest_cache

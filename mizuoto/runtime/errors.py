@@ -1,0 +1,25 @@
+"""The one exception family every Mizuoto failure a user can cause is raised as."""
+
+
+class MizuotoError(Exception):
+    """Base class: a clear, one-line, user-facing error."""
+
+
+class InvalidRequest(MizuotoError, ValueError):
+    """A request, option or argument is malformed; nothing has run yet."""
+
+
+class ModelLoadError(MizuotoError):
+    """A model directory is missing, unreadable, of an unknown kind, or corrupt."""
+
+
+class AudioError(MizuotoError, ValueError):
+    """An audio file or buffer is unreadable, empty, or of an unsupported rate."""
+
+
+class ResourceError(MizuotoError):
+    """A shared resource (e.g. FSTs) or cache file is missing or invalid."""
+
+
+class MemoryBudgetError(MizuotoError):
+    """A model or stage cannot fit the memory budget."""

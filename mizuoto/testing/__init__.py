@@ -1,0 +1,1 @@
+"""Test support shipped with the package: fixture lookup and the engine contract suite."""

@@ -1,0 +1,45 @@
+"""Locating the parity fixtures and shared assets; a missing one fails loudly, never skips."""
+
+import json
+import os
+from pathlib import Path
+
+_REPO = Path(__file__).resolve().parents[2]
+
+
+def fixtures_root() -> Path:
+    """`$MIZUOTO_FIXTURES`, default `../shared/fixtures` beside the checkout."""
+    root = Path(os.environ.get("MIZUOTO_FIXTURES", _REPO.parent / "shared" / "fixtures")).resolve()
+    if not root.is_dir():
+        raise FileNotFoundError(f"fixtures not found at {root}: set $MIZUOTO_FIXTURES")
+    return root
+
+
+def assets_root() -> Path:
+    """`$MIZUOTO_ASSETS`, default the `assets` folder beside the fixtures."""
+    root = Path(os.environ.get("MIZUOTO_ASSETS", fixtures_root().parent / "assets")).resolve()
+    if not root.is_dir():
+        raise FileNotFoundError(f"shared assets not found at {root}: set $MIZUOTO_ASSETS")
+    return root
+
+
+def fixture_path(*parts: str) -> Path:
+    """A path inside the fixture tree."""
+    path = fixtures_root().joinpath(*parts)
+    if not path.exists():
+        raise FileNotFoundError(f"fixture missing: {path}")
+    return path
+
+
+def asset_path(*parts: str) -> Path:
+    """A path inside the shared assets."""
+    path = assets_root().joinpath(*parts)
+    if not path.exists():
+        raise FileNotFoundError(f"asset missing: {path}")
+    return path
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Every non-empty line of a jsonl file, parsed."""
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
