@@ -1,0 +1,58 @@
+"""Sinc resampling equals torchaudio's Resample (as upstream's load_wav uses it) sample for sample."""
+
+import math
+
+import pytest
+import torch
+
+from mizuoto.nn.dsp import resample, resampled_length
+from mizuoto.nn.dsp.resample import _kernel
+from mizuoto.runtime.errors import InvalidRequest
+
+
+def test_resample_matches_reference_exactly(clip, clip_info, refs, parse_rate):
+    """Every recorded `resampled_<rate>` of the clip, bit for bit (also the clips shorter than 1.3 s)."""
+    rate = clip_info["sample_rate"]
+    names = [n for n in refs if n.startswith("resampled_")]
+    assert names, f"{clip}: no resampling reference"
+    for name in names:
+        target = parse_rate(name[len("resampled_"):])
+        ours = resample(refs["audio"][None], rate, target)[0]
+        assert ours.shape == refs[name].shape, name
+        assert torch.equal(ours, refs[name]), f"{name}: max abs {(ours - refs[name]).abs().max().item():.3g}"
+
+
+@pytest.mark.parametrize("orig,new,n", [(16000, 24000, 16001), (24000, 16000, 1001), (22050, 24000, 777), (48000, 22050, 10)])
+def test_output_length_is_ceil(orig, new, n):
+    """Length ceil(N * new / orig) for any N, batch dims kept."""
+    x = torch.randn(2, 3, n)
+    y = resample(x, orig, new)
+    assert y.shape == (2, 3, math.ceil(n * new / orig)) == (2, 3, resampled_length(n, orig, new))
+
+
+def test_batch_rows_equal_single_rows():
+    """Channels/batches are resampled independently (exact bits may depend on the batch's kernel)."""
+    x = torch.randn(3, 5000)
+    y = resample(x, 22050, 16000)
+    for i in range(3):
+        assert torch.allclose(y[i], resample(x[i], 22050, 16000), atol=1e-6)
+
+
+def test_same_rate_is_identity_and_kernel_is_cached():
+    """No work when rates match; the kernel of a rate pair is built once (per dtype/device)."""
+    x = torch.randn(100)
+    assert resample(x, 16000, 16000) is x
+    _kernel.cache_clear()
+    resample(torch.randn(1, 1000), 16000, 24000)
+    resample(torch.randn(1, 2000), 32000, 48000)  # same reduced pair 2 -> 3
+    info = _kernel.cache_info()
+    assert (info.misses, info.hits) == (1, 1)
+
+
+def test_bad_rates_are_rejected():
+    with pytest.raises(InvalidRequest):
+        resample(torch.randn(10), 0, 16000)
+    with pytest.raises(InvalidRequest):
+        resample(torch.randn(10), 16000.5, 16000)
+    with pytest.raises(InvalidRequest):
+        resample(torch.arange(10), 16000, 24000)
