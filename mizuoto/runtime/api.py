@@ -1,0 +1,283 @@
+"""Runtime: the public API. Loads models with their engines, plans their memory, runs requests."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mizuoto.runtime.engine import (AudioChunk, Capabilities, Model, SynthesisRequest, Voice, check_request)
+from mizuoto.runtime.errors import InvalidRequest, MemoryBudgetError, MizuotoError, ModelLoadError
+from mizuoto.runtime.memory import Eviction, Plan, Pool, detect_budget, measure, parse_bytes, plan_model
+from mizuoto.runtime.options import LoadOptions, parse_options
+from mizuoto.runtime.plugins import Registry, describe_error
+from mizuoto.runtime.scheduler import Scheduler
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A loaded model as `Runtime.models()` lists it."""
+
+    name: str
+    engine: str
+    variant: str | None
+    path: Path
+    device: str
+    state: str  # "device" (active) | "host" (offloaded)
+    strategy: str  # "resident" | "turns"
+    capabilities: Capabilities
+
+
+@dataclass
+class _Loaded:
+    name: str
+    engine: str
+    variant: str | None
+    path: Path
+    options: LoadOptions
+    model: Model
+    scheduler: Scheduler
+    plan: Plan
+
+
+def _device_key(device: str) -> str:
+    d = torch.device(device)
+    if d.type == "cuda" and d.index is None:
+        d = torch.device("cuda", torch.cuda.current_device())
+    return str(d)
+
+
+class Runtime:
+    """Hosts models of any registered engine within device (`vram`) and host (`ram`) budgets.
+
+    Budgets are sizes like "6GiB" or byte counts; None means what is free when a device is first used.
+    `engines` adds Engine classes beside the plugins; `plugins=False` uses only those.
+    """
+
+    def __init__(self, vram: str | int | None = None, ram: str | int | None = None, engines: tuple = (),
+                 plugins: bool = True):
+        self.vram = None if vram is None else parse_bytes(vram)
+        self.ram = None if ram is None else parse_bytes(ram)
+        self.registry = Registry(entry_points=plugins, builtins=plugins)
+        for engine in engines:
+            self.registry.add(engine)
+        self._models: dict[str, _Loaded] = {}
+        self._pools: dict[str, Pool] = {}
+        self._gone: dict[str, str] = {}  # model name -> why it was unloaded by the runtime
+        self._lock = threading.RLock()
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- engines -------------------------------------------------------------------------------
+    def engines(self) -> dict[str, type]:
+        """Importable engines by name; the others are in `failures`."""
+        return self.registry.load_all()
+
+    @property
+    def failures(self) -> list:
+        """Plugins and engines that failed to load, with their errors."""
+        return self.registry.failures
+
+    def detect(self, path: str | Path) -> list[tuple[str, str | None]]:
+        """(engine, variant) of every engine that recognises `path`."""
+        return self._detect(Path(path))[0]
+
+    def _detect(self, path: Path, only: str | None = None) -> tuple[list[tuple[str, str | None]], list[str]]:
+        """(hits, what was checked) over every engine, or just engine `only`."""
+        engines = {only: self.registry.engine_class(only)} if only is not None else self.engines()
+        hits, checked = [], []
+        for name, cls in engines.items():
+            try:
+                found = cls().detect(path)
+            except Exception as e:  # detect must not raise; a buggy one is reported, not fatal
+                checked.append(f"{name} (detect raised {describe_error(e)})")
+                continue
+            checked.append(f"{name}: {'yes' if found else 'no'}")
+            if found:
+                hits.append((name, found if isinstance(found, str) else None))
+        if only is None:
+            checked += [f"{f.plugin} (unavailable: {f.error})" for f in self.failures]
+        return hits, checked
+
+    # ---- models --------------------------------------------------------------------------------
+    def load(self, path: str | Path, engine: str | None = None, name: str | None = None, **options: Any) -> str:
+        """Load a model directory and return its name; the engine is detected unless given."""
+        opts = parse_options(**options).resolved()
+        path = Path(path)
+        if not path.is_dir():
+            raise ModelLoadError(f"model directory not found: {path}")
+        picked, checked = self._detect(path, engine)
+        if not picked:
+            if engine is not None:
+                raise ModelLoadError(f"engine {engine!r} does not recognise {path} ({checked[0]})")
+            raise ModelLoadError(f"no engine recognises {path} (checked: {'; '.join(checked)})")
+        if len(picked) > 1:
+            raise ModelLoadError(f"{path} is recognised by several engines ({', '.join(h[0] for h in picked)});"
+                                 " choose one with engine=...")
+        engine, variant = picked[0]
+        try:
+            model = self.registry.engine_class(engine)().load(path, opts)
+        except MizuotoError:
+            raise
+        except Exception as e:
+            raise ModelLoadError(f"engine {engine!r} failed to load {path}: {describe_error(e)}") from e
+        if not isinstance(model, Model):
+            raise ModelLoadError(f"engine {engine!r} returned a {type(model).__name__}, not a Model")
+        with self._lock:
+            name = self._unique(name or path.resolve().name)
+            loaded = _Loaded(name, engine, variant, path, opts, model, Scheduler(model, opts.device), None)
+            try:
+                loaded.plan = self._plan_for(loaded, None)
+                self._models[name] = loaded
+                self._admit(loaded, loaded.plan)
+            except MizuotoError:
+                self._models.pop(name, None)
+                model.close()
+                raise
+        return name
+
+    def _unique(self, base: str) -> str:
+        name, i = base, 2
+        while name in self._models:
+            name, i = f"{base}-{i}", i + 1
+        self._gone.pop(name, None)
+        return name
+
+    def unload(self, model: str) -> None:
+        """Close a model and free its memory."""
+        with self._lock:
+            loaded = self._get(model)
+            if loaded.scheduler.busy:
+                raise InvalidRequest(f"model {model} is running a request; finish or close it first")
+            self._drop(loaded)
+
+    def _drop(self, loaded: _Loaded) -> None:
+        self._pool(loaded.options.device).release(loaded.name)
+        del self._models[loaded.name]
+        loaded.model.close()
+
+    def close(self) -> None:
+        """Unload every model."""
+        for name in list(self._models):
+            self._drop(self._models[name])
+
+    def models(self) -> list[ModelInfo]:
+        """The loaded models."""
+        return [self.info(name) for name in self._models]
+
+    def info(self, model: str) -> ModelInfo:
+        """What a loaded model is and where it stands."""
+        m = self._get(model)
+        return ModelInfo(m.name, m.engine, m.variant, m.path, m.options.device,
+                         self._pool(m.options.device).state(m.name) or "host", m.plan.strategy,
+                         m.model.capabilities)
+
+    def model(self, model: str) -> Model:
+        """The engine's Model object of a loaded model (its stages, capabilities)."""
+        return self._get(model).model
+
+    def voices(self, model: str) -> list[Voice]:
+        """Preset and cached voices of a model."""
+        return self._get(model).model.voices()
+
+    def _get(self, model: str) -> _Loaded:
+        if model in self._models:
+            return self._models[model]
+        if model in self._gone:
+            raise InvalidRequest(f"model {model} was unloaded: {self._gone[model]}")
+        raise InvalidRequest(f"no model {model!r} is loaded; loaded: {', '.join(self._models) or 'none'}")
+
+    # ---- memory --------------------------------------------------------------------------------
+    def _pool(self, device: str) -> Pool:
+        key = _device_key(device)
+        if key not in self._pools:
+            ram = self.ram if self.ram is not None else detect_budget("cpu")
+            if torch.device(key).type == "cpu":
+                self._pools[key] = Pool(ram, None)
+            else:
+                vram = self.vram if self.vram is not None else detect_budget(key)
+                self._pools[key] = Pool(vram, ram)
+        return self._pools[key]
+
+    def _plan_for(self, loaded: _Loaded, request: SynthesisRequest | None, stream: bool = False) -> Plan:
+        """The plan for `request`, or for any request (streaming or not) when it is None."""
+        budget = self._pool(loaded.options.device).device_budget
+        sizes = measure(loaded.model.stages, request, loaded.options.device)
+        stream = request.stream if request is not None else stream
+        return plan_model(loaded.name, sizes, budget, loaded.options.device, stream)
+
+    def plan(self, model: str | None = None, stream: bool = False) -> Plan | dict[str, Plan]:
+        """A model's plan for any request (its working-memory bound), or every loaded model's plan by name."""
+        if model is None:
+            return {name: self.plan(name, stream) for name in self._models}
+        return self._plan_for(self._get(model), None, stream)
+
+    def _admit(self, loaded: _Loaded, plan: Plan) -> list[Eviction]:
+        """Make room on the device for `plan` (evicting idle LRU models) and apply it."""
+        with self._lock:
+            busy = {n for n, m in self._models.items() if m.scheduler.busy}
+            evictions = self._pool(loaded.options.device).admit(loaded.name, plan.peak, plan.fixed, plan.movable,
+                                                                plan.waiting, busy)
+            for ev in evictions:
+                victim = self._models[ev.model]
+                if ev.action == "offload":
+                    victim.scheduler.offload()
+                else:
+                    del self._models[victim.name]
+                    victim.model.close()
+                    self._gone[victim.name] = f"evicted to make room for {loaded.name}"
+            loaded.scheduler.apply(plan)
+            return evictions
+
+    # ---- requests ------------------------------------------------------------------------------
+    def synthesize(self, model: str, request: Any = None, **fields: Any) -> Iterator[AudioChunk]:
+        """Check the request now, then return an iterator of audio chunks (run as it is consumed).
+
+        `request` is a SynthesisRequest, or the text (string or iterator of pieces) with `fields` beside it.
+        """
+        if not isinstance(request, SynthesisRequest):  # text (a string or an iterator of pieces) or None
+            try:
+                request = SynthesisRequest(text=request, **fields)
+            except TypeError as e:
+                raise InvalidRequest(f"bad request field: {e}") from None
+        elif fields:
+            raise InvalidRequest("pass either a SynthesisRequest or fields, not both")
+        loaded = self._get(model)
+        request = check_request(request, loaded.model, f"model {model}")
+        plan = self._plan_for(loaded, request)
+        return self._stream(loaded, plan, request)
+
+    def _stream(self, loaded: _Loaded, plan: Plan, request: SynthesisRequest) -> Iterator[AudioChunk]:
+        with self._turn(loaded, plan):
+            yield from loaded.scheduler.execute(request)
+
+    def add_voice(self, model: str, voice_id: str, ref_audio: Any, ref_text: str | None = None) -> Voice:
+        """Cache a voice prompt on the model, to be used later by id."""
+        loaded = self._get(model)
+        if not loaded.model.capabilities.voice_cache:
+            raise InvalidRequest(f"model {model} cannot cache voices")
+        if not isinstance(voice_id, str) or not voice_id:
+            raise InvalidRequest("voice id must be a non-empty string")
+        with self._turn(loaded, loaded.plan), loaded.scheduler.bound():
+            return loaded.model.add_voice(voice_id, ref_audio, ref_text)
+
+    @contextlib.contextmanager
+    def _turn(self, loaded: _Loaded, plan: Plan) -> Iterator[None]:
+        """Hold the model, make room for `plan` and apply it."""
+        with loaded.scheduler.hold(f"model {loaded.name}"):
+            if loaded.name not in self._models:
+                raise InvalidRequest(f"model {loaded.name} was unloaded: {self._gone.get(loaded.name, 'by its owner')}")
+            self._admit(loaded, plan)
+            yield
+
+
+__all__ = ["Runtime", "ModelInfo", "SynthesisRequest", "MemoryBudgetError"]

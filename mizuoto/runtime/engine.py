@@ -1,0 +1,360 @@
+"""The contract every engine meets: request/chunk/stage/capability types and the Engine and Model bases."""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import math
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Union
+
+import torch
+
+from mizuoto.runtime.errors import AudioError, InvalidRequest
+
+# Synthesis modes (see docs/architecture.md):
+#   preset        speak as a preset speaker the model ships (voice = preset id)
+#   clone         zero-shot clone of a reference voice whose transcript is known (reference audio + text)
+#   cross_lingual clone of a reference voice without using its transcript (text may be in another language)
+#   instruct      speak following an instruction text (voice = preset id, reference or cached voice)
+#   vc            voice conversion: re-voice `source_audio` as the reference/cached voice; no text
+MODES = ("preset", "clone", "cross_lingual", "instruct", "vc")
+STAGE_KINDS = ("frontend", "sequence", "frames")
+SPEED_RANGE = (0.25, 4.0)
+
+AudioSource = Union[str, os.PathLike, tuple]  # a file path, or (samples, sample_rate)
+
+
+def _check_audio_source(what: str, source: Any) -> None:
+    """Reject an audio source that is neither an existing file nor (1-D samples, positive rate)."""
+    if isinstance(source, (str, os.PathLike)):
+        if not Path(source).is_file():
+            raise AudioError(f"{what}: audio file not found: {source}")
+        return
+    if isinstance(source, tuple) and len(source) == 2:
+        samples, rate = source
+        if not isinstance(rate, int) or isinstance(rate, bool) or rate <= 0:
+            raise AudioError(f"{what}: sample rate must be a positive int, got {rate!r}")
+        shape = tuple(getattr(samples, "shape", ()))
+        if len(shape) != 1 or shape[0] == 0:
+            raise AudioError(f"{what}: samples must be a non-empty 1-D array, got shape {shape}")
+        return
+    raise AudioError(f"{what}: expected a file path or (samples, sample_rate), got {type(source).__name__}")
+
+
+def load_audio(source: AudioSource) -> tuple[torch.Tensor, int]:
+    """Read an audio source as (float32 mono 1-D tensor, sample rate); channels are averaged."""
+    _check_audio_source("audio", source)
+    if isinstance(source, tuple):
+        samples, rate = source
+        return torch.as_tensor(samples, dtype=torch.float32).flatten(), rate
+    from mizuoto.nn.dsp.wav import read_audio, to_mono
+
+    audio, rate = read_audio(source)
+    return to_mono(audio)[0], rate
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A voice given by example: reference audio and, for clone mode, its transcript."""
+
+    audio: AudioSource
+    text: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_audio_source("reference audio", self.audio)
+        if self.text is not None and (not isinstance(self.text, str) or not self.text.strip()):
+            raise InvalidRequest("reference text must be a non-empty string when given")
+
+    def load(self) -> tuple[torch.Tensor, int]:
+        """The reference audio as (float32 mono samples, rate)."""
+        return load_audio(self.audio)
+
+
+@dataclass(frozen=True)
+class Voice:
+    """A voice a model can speak with by id: a preset it ships, or one cached with add_voice."""
+
+    id: str
+    kind: str  # "preset" | "cached"
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, str) or not self.id:
+            raise InvalidRequest("voice id must be a non-empty string")
+        if self.kind not in ("preset", "cached"):
+            raise InvalidRequest(f"voice kind must be 'preset' or 'cached', got {self.kind!r}")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a model (or an engine at best) can do."""
+
+    modes: frozenset[str]
+    sample_rate: int
+    stream_out: bool = False
+    stream_in: bool = False
+    languages: tuple[str, ...] = ()
+    voice_cache: bool = False  # the model implements add_voice
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "modes", frozenset(self.modes))
+        object.__setattr__(self, "languages", tuple(self.languages))
+        if not self.modes:
+            raise InvalidRequest("capabilities: at least one mode is required")
+        unknown = sorted(self.modes - set(MODES))
+        if unknown:
+            raise InvalidRequest(f"capabilities: unknown modes {unknown}; known: {', '.join(MODES)}")
+        if not isinstance(self.sample_rate, int) or self.sample_rate <= 0:
+            raise InvalidRequest(f"capabilities: sample_rate must be a positive int, got {self.sample_rate!r}")
+
+
+@dataclass(frozen=True)
+class SynthesisRequest:
+    """One synthesis call. `mode=None` means: inferred by the runtime from the other fields (see resolve_mode)."""
+
+    text: str | Iterable[str] | None = None
+    mode: str | None = None
+    voice: str | Reference | None = None  # preset id / cached voice id, or a Reference
+    instruct: str | None = None
+    source_audio: AudioSource | None = None  # vc mode only
+    speed: float = 1.0
+    stream: bool = False
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode is not None and self.mode not in MODES:
+            raise InvalidRequest(f"unknown mode {self.mode!r}; known: {', '.join(MODES)}")
+        if isinstance(self.text, str):
+            if not self.text.strip():
+                raise InvalidRequest("text is empty")
+        elif self.text is not None and (isinstance(self.text, (bytes, bytearray)) or not isinstance(self.text, Iterable)):
+            raise InvalidRequest(f"text must be a string or an iterable of strings, got {type(self.text).__name__}")
+        if isinstance(self.voice, str) and not self.voice:
+            raise InvalidRequest("voice id is empty")
+        if self.voice is not None and not isinstance(self.voice, (str, Reference)):
+            raise InvalidRequest(f"voice must be a voice id or a Reference, got {type(self.voice).__name__}")
+        if self.instruct is not None and (not isinstance(self.instruct, str) or not self.instruct.strip()):
+            raise InvalidRequest("instruct text is empty")
+        if self.source_audio is not None:
+            _check_audio_source("source audio", self.source_audio)
+        if isinstance(self.speed, bool) or not isinstance(self.speed, (int, float)) or not math.isfinite(self.speed) \
+                or not SPEED_RANGE[0] <= self.speed <= SPEED_RANGE[1]:
+            raise InvalidRequest(f"speed must be a number in [{SPEED_RANGE[0]}, {SPEED_RANGE[1]}], got {self.speed!r}")
+        if not isinstance(self.stream, bool):
+            raise InvalidRequest(f"stream must be True or False, got {self.stream!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
+            raise InvalidRequest(f"seed must be a non-negative int, got {self.seed!r}")
+        if self.mode is not None:
+            _check_mode_fields(self)
+
+    @property
+    def text_streamed(self) -> bool:
+        """True when text arrives as an iterator of pieces (streaming text in)."""
+        return self.text is not None and not isinstance(self.text, str)
+
+
+def _check_mode_fields(r: SynthesisRequest) -> None:
+    """The fields each mode needs, and those it forbids."""
+    if r.mode == "vc":
+        if r.source_audio is None:
+            raise InvalidRequest("mode 'vc' needs source_audio")
+        if r.text is not None:
+            raise InvalidRequest("mode 'vc' takes no text")
+    else:
+        if r.text is None:
+            raise InvalidRequest(f"mode {r.mode!r} needs text")
+        if r.source_audio is not None:
+            raise InvalidRequest(f"source_audio is only for mode 'vc', not {r.mode!r}")
+    if r.mode == "instruct" and r.instruct is None:
+        raise InvalidRequest("mode 'instruct' needs instruct text")
+    if r.mode != "instruct" and r.instruct is not None:
+        raise InvalidRequest(f"instruct text is only for mode 'instruct', not {r.mode!r}")
+    if r.voice is None:
+        raise InvalidRequest(f"mode {r.mode!r} needs a voice")
+    if r.mode == "preset" and not isinstance(r.voice, str):
+        raise InvalidRequest("mode 'preset' needs a preset voice id, not reference audio")
+    if r.mode == "clone" and isinstance(r.voice, Reference) and r.voice.text is None:
+        raise InvalidRequest("mode 'clone' needs the reference text (use mode 'cross_lingual' without it)")
+
+
+def resolve_mode(request: SynthesisRequest, voices: Iterable[Voice]) -> SynthesisRequest:
+    """Fill in an omitted mode from the fields and the model's voices; check the voice id is known."""
+    known = {v.id: v for v in voices}
+    if isinstance(request.voice, str) and request.voice not in known:
+        listed = ", ".join(sorted(known)) or "none"
+        raise InvalidRequest(f"unknown voice {request.voice!r}; this model has: {listed}")
+    if request.mode is not None:
+        return request
+    if request.source_audio is not None:
+        mode = "vc"
+    elif request.instruct is not None:
+        mode = "instruct"
+    elif isinstance(request.voice, Reference):
+        mode = "clone" if request.voice.text is not None else "cross_lingual"
+    elif isinstance(request.voice, str):
+        mode = "preset" if known[request.voice].kind == "preset" else "clone"
+    else:
+        raise InvalidRequest("no voice given: pass a preset voice id, a cached voice id or reference audio")
+    return replace(request, mode=mode)
+
+
+def check_request(request: SynthesisRequest, model: Model, name: str = "model") -> SynthesisRequest:
+    """Resolve the mode and check the request against the model's capabilities, before any work."""
+    caps = model.capabilities
+    request = resolve_mode(request, model.voices())
+    if request.mode not in caps.modes:
+        raise InvalidRequest(f"{name} does not support mode {request.mode!r}; it supports: {', '.join(sorted(caps.modes))}")
+    if request.stream and not caps.stream_out:
+        raise InvalidRequest(f"{name} cannot stream audio out")
+    if request.text_streamed and not caps.stream_in:
+        raise InvalidRequest(f"{name} cannot take streamed text in; pass the text as one string")
+    return request
+
+
+@dataclass(frozen=True)
+class AudioChunk:
+    """A piece of output audio; a non-streaming request yields exactly one, with final=True."""
+
+    samples: torch.Tensor
+    sample_rate: int
+    index: int
+    final: bool
+
+    def __post_init__(self) -> None:
+        s = self.samples
+        if not isinstance(s, torch.Tensor) or s.dtype != torch.float32 or s.dim() != 1:
+            got = f"{s.dtype} {tuple(s.shape)}" if isinstance(s, torch.Tensor) else type(s).__name__
+            raise InvalidRequest(f"audio chunk samples must be a float32 1-D tensor, got {got}")
+        if not isinstance(self.sample_rate, int) or self.sample_rate <= 0:
+            raise InvalidRequest(f"audio chunk sample_rate must be a positive int, got {self.sample_rate!r}")
+        if not isinstance(self.index, int) or self.index < 0:
+            raise InvalidRequest(f"audio chunk index must be a non-negative int, got {self.index!r}")
+
+
+def _no_working_memory(request: SynthesisRequest | None) -> int:
+    return 0
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A part of a model that runs as a unit and moves between devices as a unit.
+
+    `working_memory(request)` gives the bytes the stage needs beside its weights while running
+    `request`; with `request=None` it must give the bound the planner uses for any request.
+    `fixed` names modules that never move device (whoever uses them reads their device).
+    """
+
+    name: str
+    kind: str
+    modules: Mapping[str, torch.nn.Module]
+    fixed: frozenset[str] = frozenset()
+    memory: Callable[[SynthesisRequest | None], int] = field(default=_no_working_memory, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fixed", frozenset(self.fixed))
+        if not isinstance(self.name, str) or not self.name:
+            raise InvalidRequest("stage name must be a non-empty string")
+        if self.kind not in STAGE_KINDS:
+            raise InvalidRequest(f"stage {self.name!r}: kind must be one of {', '.join(STAGE_KINDS)}, got {self.kind!r}")
+        for key, module in self.modules.items():
+            if not isinstance(module, torch.nn.Module):
+                raise InvalidRequest(f"stage {self.name!r}: module {key!r} is a {type(module).__name__}, not a torch Module")
+        stray = sorted(self.fixed - set(self.modules))
+        if stray:
+            raise InvalidRequest(f"stage {self.name!r}: fixed modules {stray} are not among its modules")
+
+    def working_memory(self, request: SynthesisRequest | None) -> int:
+        """Bytes of working memory for `request` (None: the planning bound)."""
+        n = self.memory(request)
+        if not isinstance(n, int) or n < 0:
+            raise InvalidRequest(f"stage {self.name!r}: working memory must be a non-negative int, got {n!r}")
+        return n
+
+    def movable(self) -> dict[str, torch.nn.Module]:
+        """The modules the scheduler may move."""
+        return {k: m for k, m in self.modules.items() if k not in self.fixed}
+
+
+class Model(abc.ABC):
+    """A loaded model. Engines subclass it; the runtime drives it only through these members.
+
+    Engine code wraps each stage's work in `with self.use(stage_name) as device:` so the scheduler
+    can bring that stage's modules onto the device first (a no-op when nothing is bound).
+    """
+
+    _gate: Callable[[str], contextlib.AbstractContextManager] | None = None
+
+    @property
+    @abc.abstractmethod
+    def stages(self) -> tuple[Stage, ...]:
+        """The model's stages in the order a request runs through them."""
+
+    @property
+    @abc.abstractmethod
+    def capabilities(self) -> Capabilities:
+        """What this model can do."""
+
+    def voices(self) -> list[Voice]:
+        """Preset and cached voices."""
+        return []
+
+    @abc.abstractmethod
+    def synthesize(self, request: SynthesisRequest) -> Iterator[AudioChunk]:
+        """Yield audio chunks for a request whose mode is resolved and checked against capabilities."""
+
+    def add_voice(self, voice_id: str, ref_audio: AudioSource, ref_text: str | None = None) -> Voice:
+        """Cache a voice prompt under `voice_id` (only when capabilities.voice_cache)."""
+        raise InvalidRequest(f"{type(self).__name__} cannot cache voices")
+
+    def close(self) -> None:
+        """Release what the model holds; it is not used afterwards."""
+
+    def bind(self, gate: Callable[[str], contextlib.AbstractContextManager] | None) -> None:
+        """Install the scheduler's stage gate (None: run where the modules are)."""
+        self._gate = gate
+
+    @contextlib.contextmanager
+    def use(self, stage: str) -> Iterator[torch.device]:
+        """Run the block with `stage`'s modules placed as planned; yields the device they are on."""
+        if self._gate is None:
+            yield stage_device(self.stage(stage))
+            return
+        with self._gate(stage) as device:
+            yield device
+
+    def stage(self, name: str) -> Stage:
+        """The stage called `name`."""
+        for s in self.stages:
+            if s.name == name:
+                return s
+        raise InvalidRequest(f"{type(self).__name__} has no stage {name!r}")
+
+
+def stage_device(stage: Stage) -> torch.device:
+    """Where the stage's movable modules are (the first tensor found), else the CPU."""
+    for module in stage.movable().values():
+        for t in module.parameters():
+            return t.device
+        for t in module.buffers():
+            return t.device
+    return torch.device("cpu")
+
+
+class Engine(abc.ABC):
+    """An engine: recognises model directories and loads them. Instantiated with no arguments."""
+
+    name: str = ""
+    description: str = ""
+    capabilities: Capabilities | None = None  # the most a model of this engine can do, for listings
+
+    @abc.abstractmethod
+    def detect(self, model_dir: Path) -> bool | str:
+        """Falsy if this engine cannot load `model_dir`; True or a variant name if it can. Cheap; never raises."""
+
+    @abc.abstractmethod
+    def load(self, model_dir: Path, options: Any) -> Model:
+        """Build the model from `model_dir` with LoadOptions; modules on the host, fixed ones where they live."""

@@ -1,0 +1,274 @@
+"""The engine contract suite: what every registered engine, and every model it loads, must do.
+
+Run it on your own engine (installed so its `mizuoto.engines` entry point is visible):
+
+    MIZUOTO_CONTRACT_MODELS=/path/to/model[:/other/model] MIZUOTO_CONTRACT_ENGINES=myengine \\
+        pytest --pyargs mizuoto.testing.contract
+
+or from a test module of your own: set `CONTRACT_MODELS = [...]` (model dirs, or a function
+returning them) and optionally `CONTRACT_ENGINES = [...]`, then `from mizuoto.testing.contract
+import *`. Directories offered by plugins' `mizuoto_example_models` hook are added. Engines named
+explicitly must import; by default every importable registered engine is checked, and every
+engine checked needs at least one model directory that it detects.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from mizuoto.runtime.api import Runtime
+from mizuoto.runtime.engine import (MODES, AudioChunk, Capabilities, Engine, Reference, Stage, SynthesisRequest,
+                                    Voice, check_request)
+from mizuoto.runtime.errors import InvalidRequest, MizuotoError
+from mizuoto.runtime.memory import Plan, measure, run_groups
+from mizuoto.runtime.plugins import default_registry
+from mizuoto.runtime.scheduler import Scheduler
+
+ENV_MODELS = "MIZUOTO_CONTRACT_MODELS"
+ENV_ENGINES = "MIZUOTO_CONTRACT_ENGINES"
+TEXT = "Hello world, this is a test."
+REF_TEXT = "A short reference sentence."
+
+
+@dataclass(frozen=True)
+class Case:
+    """One model directory of one engine."""
+
+    engine: str
+    model_dir: Path
+
+    def __str__(self) -> str:
+        return f"{self.engine}:{self.model_dir.parent.name}/{self.model_dir.name}"
+
+
+def _wanted_engines(module) -> tuple[list[str], bool]:
+    """(engine names, named explicitly)."""
+    names = list(getattr(module, "CONTRACT_ENGINES", ()) or ())
+    names += [n for n in os.environ.get(ENV_ENGINES, "").split(",") if n.strip()]
+    if names:
+        return sorted(set(n.strip() for n in names)), True
+    return sorted(default_registry().load_all()), False
+
+
+def _model_dirs(module) -> list[Path]:
+    """CONTRACT_MODELS of the test module, $MIZUOTO_CONTRACT_MODELS, and the plugins' example models."""
+    dirs = getattr(module, "CONTRACT_MODELS", ()) or ()
+    dirs = list(dirs() if callable(dirs) else dirs)
+    dirs += [p for p in os.environ.get(ENV_MODELS, "").split(os.pathsep) if p]
+    dirs += default_registry().example_models()
+    return list(dict.fromkeys(Path(d) for d in dirs))
+
+
+def _cases(module, engines: list[str]) -> list[Case]:
+    cases = []
+    for d in _model_dirs(module):
+        for name in engines:
+            try:
+                if default_registry().engine_class(name)().detect(d):
+                    cases.append(Case(name, d))
+            except Exception:  # an engine that cannot import or detect fails in its own tests
+                continue
+    return cases
+
+
+def pytest_generate_tests(metafunc) -> None:
+    """Parametrize `engine_name` over the engines and `case` over (engine, model dir) pairs."""
+    engines, _ = _wanted_engines(metafunc.module)
+    if "engine_name" in metafunc.fixturenames:
+        metafunc.parametrize("engine_name", engines)
+    if "case" in metafunc.fixturenames:
+        cases = _cases(metafunc.module, engines)
+        metafunc.parametrize("case", cases, ids=[str(c) for c in cases])
+
+
+@functools.lru_cache(maxsize=None)
+def _loaded(case: Case) -> tuple[Runtime, str]:
+    rt = Runtime()
+    return rt, rt.load(case.model_dir, engine=case.engine)
+
+
+def _reference() -> tuple[torch.Tensor, int]:
+    """Three seconds of a voiced-sounding signal at 16 kHz (a chirp with harmonics)."""
+    rate = 16000
+    t = torch.arange(3 * rate, dtype=torch.float64) / rate
+    f0 = 120 + 40 * torch.sin(2 * math.pi * 0.7 * t)
+    phase = 2 * math.pi * torch.cumsum(f0, 0) / rate
+    wave = sum(torch.sin(k * phase) / k for k in range(1, 6)) * 0.2
+    return wave.float(), rate
+
+
+def _request(mode: str, voices: list[Voice], **extra) -> SynthesisRequest:
+    """A valid request in `mode`, using a preset voice where the mode allows and one exists."""
+    presets = [v.id for v in voices if v.kind == "preset"]
+    ref = _reference()
+    fields = {"seed": 1234, **extra}
+    if mode == "preset":
+        return SynthesisRequest(TEXT, mode=mode, voice=presets[0] if presets else "missing-preset", **fields)
+    if mode == "clone":
+        return SynthesisRequest(TEXT, mode=mode, voice=Reference(ref, REF_TEXT), **fields)
+    if mode == "cross_lingual":
+        return SynthesisRequest(TEXT, mode=mode, voice=Reference(ref), **fields)
+    if mode == "instruct":
+        voice = presets[0] if presets else Reference(ref, REF_TEXT)
+        return SynthesisRequest(TEXT, mode=mode, voice=voice, instruct="Speak slowly and calmly.", **fields)
+    return SynthesisRequest(mode="vc", voice=Reference(ref, REF_TEXT), source_audio=ref, **fields)
+
+
+def _check_chunks(chunks: list, caps: Capabilities, stream: bool) -> torch.Tensor:
+    assert chunks, "synthesize yielded no chunks"
+    for i, c in enumerate(chunks):
+        assert isinstance(c, AudioChunk), f"chunk {i} is a {type(c).__name__}"
+        assert c.index == i, f"chunk {i} has index {c.index}"
+        assert c.final == (i == len(chunks) - 1), f"chunk {i} of {len(chunks)} has final={c.final}"
+        assert c.sample_rate == caps.sample_rate
+        assert torch.isfinite(c.samples).all(), f"chunk {i} has non-finite samples"
+    if not stream:
+        assert len(chunks) == 1, f"a non-streaming request yielded {len(chunks)} chunks"
+    audio = torch.cat([c.samples.detach().cpu() for c in chunks])
+    assert audio.numel() > 0, "no audio"
+    return audio
+
+
+# ---- engine-level ------------------------------------------------------------------------------
+def test_engine_class(engine_name):
+    """The engine imports, is an Engine, is named as registered and rejects directories it cannot load."""
+    cls = default_registry().engine_class(engine_name)
+    assert isinstance(cls, type) and issubclass(cls, Engine)
+    assert cls.name == engine_name
+    assert cls.capabilities is None or isinstance(cls.capabilities, Capabilities)
+    engine = cls()
+    assert not engine.detect(Path("/nonexistent/mizuoto-contract"))
+
+
+def test_engine_ignores_empty_dir(engine_name, tmp_path):
+    """An empty directory is not a model of this engine."""
+    assert not default_registry().engine_class(engine_name)().detect(tmp_path)
+
+
+def test_engine_has_a_model(engine_name, request):
+    """The suite has at least one model directory this engine detects."""
+    engines, _ = _wanted_engines(request.module)
+    found = [c for c in _cases(request.module, engines) if c.engine == engine_name]
+    assert found, (f"no model directory for engine {engine_name!r}: list some in ${ENV_MODELS}, CONTRACT_MODELS"
+                   " or the plugin's mizuoto_example_models hook")
+
+
+# ---- model-level -------------------------------------------------------------------------------
+def test_model_declares_itself(case):
+    """Stages, capabilities and voices are well-formed; the planner can size every stage."""
+    rt, name = _loaded(case)
+    model = rt.model(name)
+    stages = model.stages
+    assert isinstance(stages, tuple) and stages and all(isinstance(s, Stage) for s in stages)
+    assert len({s.name for s in stages}) == len(stages), "stage names repeat"
+    caps = model.capabilities
+    assert isinstance(caps, Capabilities)
+    declared = default_registry().engine_class(case.engine).capabilities
+    if declared is not None:
+        assert caps.modes <= declared.modes, "a model can do no more than its engine declares"
+    voices = model.voices()
+    assert all(isinstance(v, Voice) for v in voices) and len({v.id for v in voices}) == len(voices)
+    if "preset" in caps.modes:
+        assert any(v.kind == "preset" for v in voices), "mode preset needs at least one preset voice"
+    for stage in stages:
+        assert stage.working_memory(None) >= 0
+    plan = rt.plan(name)
+    assert {s.name for s in plan.stages} == {s.name for s in stages} and plan.peak > 0
+
+
+def test_synthesize_every_mode(case):
+    """Each declared mode gives one final chunk of finite audio at the model's rate, with every stage
+    taking turns under the scheduler; across the modes every declared stage is entered through use()."""
+    rt, name = _loaded(case)
+    model = rt.model(name)
+    caps = model.capabilities
+    sizes = measure(model.stages, None, "cpu")
+    turns = Plan(name, "cpu", 0, False, sizes, (), run_groups(sizes, False), 0)
+    sched = Scheduler(model, "cpu")
+    sched.apply(turns)
+    for mode in sorted(caps.modes):
+        request = check_request(_request(mode, model.voices()), model)
+        with sched.hold():
+            _check_chunks(list(sched.execute(request)), caps, stream=False)
+    entered = {stage for stage, where in sched.trace if where == "device"}
+    missing = [s.name for s in model.stages if s.name not in entered]
+    assert not missing, f"stages {missing} never entered through Model.use() in any mode"
+
+
+def test_same_seed_same_audio(case):
+    """A non-streaming request with a seed is deterministic."""
+    rt, name = _loaded(case)
+    caps = rt.model(name).capabilities
+    mode = next(m for m in MODES if m in caps.modes)
+    runs = [_check_chunks(list(rt.synthesize(name, _request(mode, rt.voices(name)))), caps, False)
+            for _ in range(2)]
+    assert torch.equal(*runs)
+
+
+def test_streaming(case):
+    """Streaming out yields indexed chunks, the last one final; without stream_out it is refused up front."""
+    rt, name = _loaded(case)
+    caps = rt.model(name).capabilities
+    mode = next(m for m in MODES if m in caps.modes)
+    request = _request(mode, rt.voices(name), stream=True)
+    if not caps.stream_out:
+        with pytest.raises(InvalidRequest):
+            rt.synthesize(name, request)
+        return
+    _check_chunks(list(rt.synthesize(name, request)), caps, stream=True)
+
+
+def test_streaming_text_in(case):
+    """Text given as an iterator of pieces works when stream_in is declared and is refused otherwise."""
+    rt, name = _loaded(case)
+    caps = rt.model(name).capabilities
+    mode = next(m for m in ("clone", "preset", "cross_lingual", "instruct") if m in caps.modes) \
+        if set(caps.modes) - {"vc"} else None
+    if mode is None:
+        return
+    base = _request(mode, rt.voices(name))
+    pieces = iter([word + " " for word in TEXT.split()])
+    request = SynthesisRequest(pieces, mode=mode, voice=base.voice, instruct=base.instruct, seed=1, stream=True)
+    if not caps.stream_in:
+        with pytest.raises(InvalidRequest):
+            rt.synthesize(name, request)
+        return
+    _check_chunks(list(rt.synthesize(name, request)), caps, stream=True)
+
+
+def test_bad_requests_refused_before_work(case):
+    """Unknown voices and undeclared modes are clear errors raised by the call itself, not while iterating."""
+    rt, name = _loaded(case)
+    caps = rt.model(name).capabilities
+    with pytest.raises(InvalidRequest, match="unknown voice"):
+        rt.synthesize(name, TEXT, voice="no-such-voice-id")
+    for mode in sorted(set(MODES) - caps.modes):
+        with pytest.raises(InvalidRequest):
+            rt.synthesize(name, _request(mode, rt.voices(name)))
+
+
+def test_voice_cache(case):
+    """add_voice caches a prompt usable by id when voice_cache is declared; otherwise it is refused."""
+    rt, name = _loaded(case)
+    caps = rt.model(name).capabilities
+    if not caps.voice_cache:
+        with pytest.raises(MizuotoError):
+            rt.add_voice(name, "contract-voice", _reference(), REF_TEXT)
+        return
+    voice = rt.add_voice(name, "contract-voice", _reference(), REF_TEXT)
+    assert voice == Voice("contract-voice", "cached", voice.description)
+    assert "contract-voice" in [v.id for v in rt.voices(name)]
+    mode = next(m for m in ("clone", "cross_lingual", "instruct", "vc") if m in caps.modes)
+    extra = {"instruct": "Speak slowly."} if mode == "instruct" else {}
+    if mode == "vc":
+        request = SynthesisRequest(mode=mode, voice="contract-voice", source_audio=_reference(), seed=1)
+    else:
+        request = SynthesisRequest(TEXT, mode=mode, voice="contract-voice", seed=1, **extra)
+    _check_chunks(list(rt.synthesize(name, request)), caps, stream=False)

@@ -1,0 +1,231 @@
+"""A sine-tone engine: the smallest complete implementation of the engine contract, for tests and demos.
+
+It speaks no language: every character of the text becomes a short note whose pitch follows the
+voice (a preset pitch, or one estimated from reference audio). Its three stages use real torch
+modules, so the planner and scheduler see real sizes and real moves.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from mizuoto.runtime.engine import (MODES, AudioChunk, Capabilities, Engine, Model, Reference, Stage,
+                                    SynthesisRequest, Voice, load_audio)
+from mizuoto.runtime.errors import InvalidRequest, ModelLoadError
+
+CONFIG = "tone.json"
+NOTE_SECONDS = 0.06
+CHUNK_NOTES = 4
+_PLANNING_CHARS = 200  # working-memory bound when no request is given
+_PLANNING_SECONDS = 30
+
+
+def write_model(model_dir: str | Path, sample_rate: int = 16000, hidden: int = 16,
+                voices: dict[str, float] | None = None, seed: int = 0) -> Path:
+    """Create a tone model directory (config + weights) and return it."""
+    model_dir = Path(model_dir)
+    model_dir.mkdir(parents=True, exist_ok=True)
+    config = {"engine": "tone", "sample_rate": sample_rate, "hidden": hidden,
+              "voices": voices or {"low": 220.0, "high": 440.0}, "languages": ["any"]}
+    (model_dir / CONFIG).write_text(json.dumps(config, indent=1))
+    torch.manual_seed(seed)
+    torch.save(_build(hidden).state_dict(), model_dir / "tone.pt")
+    return model_dir
+
+
+class _Window(torch.nn.Module):
+    """A fade applied at note edges; fixed, like a module that must stay on one device."""
+
+    def __init__(self, length: int = 32):
+        super().__init__()
+        self.register_buffer("fade", torch.linspace(0.0, 1.0, length))
+
+
+def _build(hidden: int) -> torch.nn.ModuleDict:
+    return torch.nn.ModuleDict({"probe": torch.nn.Linear(1, hidden), "table": torch.nn.Embedding(128, hidden),
+                                "gain": torch.nn.Linear(hidden, 1), "window": _Window()})
+
+
+def _pitch(audio: torch.Tensor, rate: int) -> float:
+    """Pitch estimated from zero crossings, clamped to a speaking range."""
+    crossings = int((torch.signbit(audio[1:]) != torch.signbit(audio[:-1])).sum())
+    return min(max(crossings / 2 / (audio.numel() / rate), 60.0), 1000.0)
+
+
+class ToneModel(Model):
+    """A loaded tone model."""
+
+    def __init__(self, config: dict, modules: torch.nn.ModuleDict):
+        self.config = config
+        self.rate = int(config["sample_rate"])
+        self.hidden = int(config["hidden"])
+        self._m = modules
+        self._presets = {k: float(v) for k, v in config["voices"].items()}
+        self._cached: dict[str, float] = {}
+        self._stages = (
+            Stage("listen", "frontend", {"probe": modules["probe"]}, memory=self._listen_memory),
+            Stage("notes", "sequence", {"table": modules["table"]}, memory=self._notes_memory),
+            Stage("render", "frames", {"gain": modules["gain"], "window": modules["window"]},
+                  fixed={"window"}, memory=self._render_memory),
+        )
+        self._caps = Capabilities(modes=frozenset(MODES), sample_rate=self.rate, stream_out=True, stream_in=True,
+                                  languages=tuple(config.get("languages", ())), voice_cache=True)
+
+    @property
+    def stages(self) -> tuple[Stage, ...]:
+        return self._stages
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._caps
+
+    def voices(self) -> list[Voice]:
+        return [Voice(k, "preset", f"{v:g} Hz") for k, v in self._presets.items()] + \
+               [Voice(k, "cached", f"{v:.1f} Hz") for k, v in self._cached.items()]
+
+    def _listen_memory(self, request: SynthesisRequest | None) -> int:
+        return 4 * self.rate * _PLANNING_SECONDS
+
+    def _notes_memory(self, request: SynthesisRequest | None) -> int:
+        chars = len(request.text) if request is not None and isinstance(request.text, str) else _PLANNING_CHARS
+        return 4 * self.hidden * chars
+
+    def _render_memory(self, request: SynthesisRequest | None) -> int:
+        chars = len(request.text) if request is not None and isinstance(request.text, str) else _PLANNING_CHARS
+        speed = request.speed if request is not None else 0.25
+        return 4 * chars * int(NOTE_SECONDS * self.rate / speed)
+
+    def _listen(self, audio: torch.Tensor, rate: int) -> float:
+        with self.use("listen") as device:
+            probe = self._m["probe"]
+            # The probe only scales the estimate by ~1, but it runs where the stage was placed.
+            level = probe(audio.abs().mean().reshape(1, 1).to(device)).tanh().mean().item()
+        return _pitch(audio, rate) * (1.0 + 1e-3 * level)
+
+    def add_voice(self, voice_id: str, ref_audio, ref_text: str | None = None) -> Voice:
+        if not voice_id or voice_id in self._presets:
+            raise InvalidRequest(f"cannot cache a voice as {voice_id!r}: empty or a preset's name")
+        self._cached[voice_id] = self._listen(*Reference(ref_audio, ref_text).load())
+        return Voice(voice_id, "cached")
+
+    def _voice_pitch(self, request: SynthesisRequest) -> float:
+        v = request.voice
+        if isinstance(v, Reference):
+            f0 = self._listen(*v.load())
+        elif v in self._presets:
+            f0 = self._presets[v]
+        elif v in self._cached:
+            f0 = self._cached[v]
+        else:
+            raise InvalidRequest(f"unknown voice {v!r}")
+        if request.instruct:
+            words = request.instruct.lower()
+            f0 *= 2.0 if "high" in words else 0.5 if "low" in words else 1.0
+        return f0
+
+    def _tokens(self, request: SynthesisRequest) -> Iterator[str]:
+        if request.mode == "vc":
+            audio, rate = load_audio(request.source_audio)
+            yield "~" * max(1, round(audio.numel() / rate / NOTE_SECONDS))
+        elif isinstance(request.text, str):
+            yield request.text
+        else:
+            yield from request.text
+
+    def _notes(self, request: SynthesisRequest, gen: torch.Generator) -> Iterator[tuple[int, torch.Tensor]]:
+        """(semitone, embedding) per non-space character, drawing one jitter per note."""
+        for piece in self._tokens(request):
+            if not isinstance(piece, str):
+                raise InvalidRequest(f"streamed text pieces must be strings, got {type(piece).__name__}")
+            for ch in piece:
+                if ch.isspace():
+                    continue
+                token = ord(ch) % 128
+                jitter = int(torch.randint(0, 3, (1,), generator=gen))
+                emb = self._m["table"](torch.tensor([token], device=self._m["table"].weight.device))
+                yield token % 12 + jitter, emb.detach().cpu()
+
+    def _render(self, notes: list[tuple[int, torch.Tensor]], f0: float, speed: float,
+                phase: float) -> tuple[torch.Tensor, float]:
+        """Sine notes continuing from `phase`; returns the audio and the phase it ends on."""
+        n = int(NOTE_SECONDS * self.rate / speed)
+        out = []
+        with self.use("render") as device:
+            fade = self._m["window"].fade  # fixed: read where it lives
+            for semitone, emb in notes:
+                freq = f0 * 2.0 ** (semitone / 12)
+                amp = 0.2 + 0.1 * torch.tanh(self._m["gain"](emb.to(device))).item()
+                t = torch.arange(n, dtype=torch.float64)
+                wave = torch.sin(phase + 2 * math.pi * freq * t / self.rate) * amp
+                phase = (phase + 2 * math.pi * freq * n / self.rate) % (2 * math.pi)
+                edge = fade.to("cpu", torch.float64)
+                k = min(edge.numel(), n // 2)
+                wave[:k] *= edge[:k]
+                out.append(wave.float())
+        return (torch.cat(out) if out else torch.zeros(0)), phase
+
+    def synthesize(self, request: SynthesisRequest) -> Iterator[AudioChunk]:
+        f0 = self._voice_pitch(request)
+        gen = torch.Generator().manual_seed(request.seed if request.seed is not None else
+                                            int(torch.randint(0, 2**31, (1,))))
+        notes = self._notes(request, gen)
+        if not request.stream:
+            with self.use("notes"):
+                todo = list(notes)
+            if not todo:
+                raise InvalidRequest("text has nothing to say (only spaces)")
+            audio, _ = self._render(todo, f0, request.speed, 0.0)
+            yield AudioChunk(audio, self.rate, 0, True)
+            return
+        # Chunks are held back by one so the last can carry final=True.
+        phase, index, pending, ready = 0.0, 0, [], None
+        while True:
+            with self.use("notes"):
+                item = next(notes, None)
+            if item is not None:
+                pending.append(item)
+            if pending and (item is None or len(pending) == CHUNK_NOTES):
+                if ready is not None:
+                    yield AudioChunk(ready, self.rate, index, False)
+                    index += 1
+                ready, phase = self._render(pending, f0, request.speed, phase)
+                pending = []
+            if item is None:
+                break
+        if ready is None:
+            raise InvalidRequest("text has nothing to say (only spaces)")
+        yield AudioChunk(ready, self.rate, index, True)
+
+    def close(self) -> None:
+        self._cached.clear()
+
+
+class ToneEngine(Engine):
+    """Sine tones from text; see mizuoto.testing.toy."""
+
+    name = "tone"
+    description = "toy sine-tone engine (tests and demos; not speech)"
+    capabilities = Capabilities(modes=frozenset(MODES), sample_rate=16000, stream_out=True, stream_in=True,
+                                voice_cache=True)
+
+    def detect(self, model_dir: Path) -> bool | str:
+        try:
+            return json.loads((Path(model_dir) / CONFIG).read_text()).get("engine") == "tone"
+        except (OSError, ValueError, AttributeError):
+            return False
+
+    def load(self, model_dir: Path, options) -> ToneModel:
+        try:
+            config = json.loads((Path(model_dir) / CONFIG).read_text())
+            modules = _build(int(config["hidden"]))
+            modules.load_state_dict(torch.load(Path(model_dir) / "tone.pt", weights_only=True))
+        except Exception as e:  # missing, truncated or foreign files all mean the same to a user
+            raise ModelLoadError(f"cannot load tone model {model_dir}: {e}") from e
+        # The fixed window lives on the load device for good; the rest starts on the host.
+        modules["window"].to(options.device if options is not None else "cpu")
+        return ToneModel(config, modules)

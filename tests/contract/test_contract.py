@@ -1,0 +1,24 @@
+"""The engine contract suite over every registered engine, with models found in the fixture tree.
+
+The sine-tone engine (registered by the tests/plugins/toy entry point) gets a model written here;
+engines with upstream-format fixtures (e.g. cosyvoice) are matched to fixture dirs by their detect.
+"""
+
+import atexit
+import shutil
+import tempfile
+from pathlib import Path
+
+from mizuoto.testing.contract import *  # noqa: F401,F403  (the tests and their parametrization)
+from mizuoto.testing.fixtures import fixtures_root
+from mizuoto.testing.toy import write_model
+
+_TMP = Path(tempfile.mkdtemp(prefix="mizuoto-contract-"))
+atexit.register(shutil.rmtree, _TMP, ignore_errors=True)
+
+
+def CONTRACT_MODELS():
+    """A fresh tone model, and every fixture directory up to three levels deep (engines' detect decides)."""
+    root = fixtures_root()
+    dirs = [p for p in root.glob("*/*/*") if p.is_dir()] + [p for p in root.glob("*/*") if p.is_dir()]
+    return [write_model(_TMP / "tone")] + sorted(dirs)

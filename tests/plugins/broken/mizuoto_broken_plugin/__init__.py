@@ -1,0 +1,1 @@
+"""Deliberately broken mizuoto plugins, for tests."""

@@ -1,0 +1,223 @@
+"""Runtime API on the tone engine: loading, detection errors, requests, voices, memory admission."""
+
+import threading
+
+import pytest
+import torch
+
+from mizuoto.runtime.api import Runtime
+from mizuoto.runtime.engine import Capabilities, Reference, SynthesisRequest
+from mizuoto.runtime.errors import AudioError, InvalidRequest, MemoryBudgetError, ModelLoadError
+from mizuoto.testing.toy import ToneEngine, ToneModel, write_model
+
+
+def _audio(chunks):
+    chunks = list(chunks)
+    assert [c.index for c in chunks] == list(range(len(chunks)))
+    assert [c.final for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    return torch.cat([c.samples for c in chunks])
+
+
+@pytest.fixture
+def rt():
+    with Runtime(engines=[ToneEngine], plugins=False) as runtime:
+        yield runtime
+
+
+def test_load_list_and_synthesize_every_mode(rt, tone_dir):
+    name = rt.load(tone_dir)
+    assert name == "tone" and rt.load(tone_dir) == "tone-2"
+    info = rt.info(name)
+    assert (info.engine, info.device, info.state, info.strategy) == ("tone", "cpu", "device", "resident")
+    assert [m.name for m in rt.models()] == ["tone", "tone-2"] and list(rt.plan()) == ["tone", "tone-2"]
+    assert [v.id for v in rt.voices(name)] == ["low", "high"]
+    ref = (torch.sin(torch.arange(16000) * 2 * torch.pi * 200 / 16000), 16000)
+    for fields in (dict(voice="low"), dict(voice=Reference(ref, "hello")), dict(voice=Reference(ref)),
+                   dict(voice="high", instruct="speak low")):
+        audio = _audio(rt.synthesize(name, "hello world", seed=3, **fields))
+        assert audio.numel() == 10 * 960 and audio.abs().max() < 1
+    vc = _audio(rt.synthesize(name, voice="low", source_audio=ref))
+    assert vc.numel() == round(1 / 0.06) * 960
+    rt.unload("tone-2")
+    assert [m.name for m in rt.models()] == ["tone"]
+
+
+def test_seed_determinism_and_streaming(rt, tone_dir):
+    name = rt.load(tone_dir)
+    a = _audio(rt.synthesize(name, "deterministic", voice="low", seed=7))
+    b = _audio(rt.synthesize(name, "deterministic", voice="low", seed=7))
+    c = _audio(rt.synthesize(name, "deterministic", voice="low", seed=8))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    chunks = list(rt.synthesize(name, "deterministic", voice="low", seed=7, stream=True))
+    assert len(chunks) == 4  # 13 notes, 4 per chunk
+    assert torch.allclose(_audio(chunks), a, atol=1e-5)
+    streamed_in = _audio(rt.synthesize(name, iter(["determ", "inistic"]), voice="low", seed=7, stream=True))
+    assert torch.allclose(streamed_in, a, atol=1e-5)
+
+
+def test_voice_cache(rt, tone_dir):
+    name = rt.load(tone_dir)
+    ref = (torch.sin(torch.arange(8000) * 2 * torch.pi * 300 / 16000), 16000)
+    voice = rt.add_voice(name, "mine", ref, "some text")
+    assert (voice.id, voice.kind) == ("mine", "cached")
+    assert [v.id for v in rt.voices(name)][-1] == "mine"
+    cached = _audio(rt.synthesize(name, "abc", voice="mine", seed=1))
+    direct = _audio(rt.synthesize(name, "abc", voice=Reference(ref, "some text"), seed=1))
+    assert torch.equal(cached, direct)
+    with pytest.raises(InvalidRequest, match="voice id"):
+        rt.add_voice(name, "", ref)
+
+
+def test_load_errors(rt, tone_dir, tmp_path):
+    with pytest.raises(InvalidRequest, match="not a memory size: 'lots'"):
+        Runtime(vram="lots")
+    with pytest.raises(ModelLoadError, match="model directory not found: .*nowhere"):
+        rt.load(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelLoadError, match=r"no engine recognises .*empty \(checked: tone: no\)"):
+        rt.load(tmp_path / "empty")
+    with pytest.raises(InvalidRequest, match="unknown engine 'cosy'; registered engines: tone"):
+        rt.load(tone_dir, engine="cosy")
+    with pytest.raises(ModelLoadError, match="engine 'tone' does not recognise"):
+        rt.load(tmp_path / "empty", engine="tone")
+    with pytest.raises(InvalidRequest, match="unknown option 'colour'"):
+        rt.load(tone_dir, colour="red")
+    (tone_dir / "tone.pt").write_bytes(b"corrupt")
+    with pytest.raises(ModelLoadError, match="cannot load tone model"):
+        rt.load(tone_dir)
+    assert rt.models() == []
+
+
+class _Echo(ToneEngine):
+    name = "echo"
+
+
+class _Crashing(ToneEngine):
+    name = "crash"
+
+    def detect(self, model_dir):
+        raise OSError("detect bug")
+
+
+class _Buggy(ToneEngine):
+    name = "buggy"
+
+    def load(self, model_dir, options):
+        raise KeyError("weights")
+
+
+def test_ambiguous_and_buggy_engines(tone_dir):
+    with Runtime(engines=[ToneEngine, _Echo, _Crashing], plugins=False) as rt:
+        with pytest.raises(ModelLoadError, match=r"recognised by several engines \(echo, tone\); choose one"):
+            rt.load(tone_dir)
+        assert rt.load(tone_dir, engine="echo") == "tone"
+        assert rt.info("tone").engine == "echo"
+        assert "crash (detect raised OSError: detect bug)" in rt._detect(tone_dir)[1]
+    with Runtime(engines=[_Buggy], plugins=False) as rt:
+        with pytest.raises(ModelLoadError, match="engine 'buggy' failed to load .*: KeyError: 'weights'"):
+            rt.load(tone_dir)
+
+
+class _PresetOnly(ToneModel):
+    @property
+    def capabilities(self):
+        return Capabilities(modes={"preset"}, sample_rate=self.rate)
+
+
+class _PresetOnlyEngine(ToneEngine):
+    name = "preset-only"
+
+    def load(self, model_dir, options):
+        model = super().load(model_dir, options)
+        model.__class__ = _PresetOnly
+        return model
+
+
+def test_request_errors(rt, tone_dir):
+    name = rt.load(tone_dir)
+    with pytest.raises(InvalidRequest, match="text is empty"):
+        rt.synthesize(name, "", voice="low")
+    with pytest.raises(InvalidRequest, match="unknown voice 'nobody'; this model has: high, low"):
+        rt.synthesize(name, "hi", voice="nobody")
+    with pytest.raises(InvalidRequest, match="no model 'other' is loaded; loaded: tone"):
+        rt.synthesize("other", "hi", voice="low")
+    with pytest.raises(InvalidRequest, match="bad request field"):
+        rt.synthesize(name, "hi", voice="low", volume=11)
+    with pytest.raises(InvalidRequest, match="either a SynthesisRequest or fields"):
+        rt.synthesize(name, SynthesisRequest("hi", voice="low"), seed=1)
+    with pytest.raises(AudioError, match="audio file not found"):
+        rt.synthesize(name, "hi", voice=Reference("missing.wav", "x"))
+    with Runtime(engines=[_PresetOnlyEngine], plugins=False) as other:
+        m = other.load(tone_dir)
+        with pytest.raises(InvalidRequest, match="does not support mode 'instruct'; it supports: preset"):
+            other.synthesize(m, "hi", voice="low", instruct="sing")
+        with pytest.raises(InvalidRequest, match="cannot stream audio out"):
+            other.synthesize(m, "hi", voice="low", stream=True)
+        with pytest.raises(InvalidRequest, match="cannot cache voices"):
+            other.add_voice(m, "x", (torch.zeros(10), 16000))
+
+
+def _peaks(tone_dir):
+    with Runtime(engines=[ToneEngine], plugins=False) as rt:
+        name = rt.load(tone_dir)
+        return rt.plan(name).peak, rt.plan(name, stream=True).peak
+
+
+def test_memory_admission_on_cpu(tone_dir, tmp_path):
+    peak, stream_peak = _peaks(tone_dir)
+    other = write_model(tmp_path / "other")
+    with Runtime(ram=peak - 1, engines=[ToneEngine], plugins=False) as rt:
+        assert rt.plan(rt.load(tone_dir)).strategy == "turns"
+    with Runtime(ram=1024, engines=[ToneEngine], plugins=False) as rt:
+        with pytest.raises(MemoryBudgetError, match="does not fit 1.00 KiB on cpu: listen"):
+            rt.load(tone_dir)
+        assert rt.models() == []
+    with Runtime(ram=peak + peak // 2, engines=[ToneEngine], plugins=False) as rt:
+        first = rt.load(tone_dir)
+        second = rt.load(other)
+        assert [m.name for m in rt.models()] == [second]  # on the CPU, eviction unloads
+        with pytest.raises(InvalidRequest, match=f"model {first} was unloaded: evicted to make room for {second}"):
+            rt.synthesize(first, "hi", voice="low")
+        _audio(rt.synthesize(second, "hi", voice="low"))
+
+
+def test_one_request_at_a_time_per_model(rt, tone_dir):
+    name = rt.load(tone_dir)
+    first = rt.synthesize(name, "a long enough text", voice="low", seed=1, stream=True)
+    next(first)
+    second = rt.synthesize(name, "hi", voice="low", seed=1)
+    with pytest.raises(InvalidRequest, match="still open in this thread"):
+        next(second)
+    with pytest.raises(InvalidRequest, match="running a request"):
+        rt.unload(name)
+    done = threading.Event()
+    results = {}
+
+    def other_thread():
+        results["audio"] = _audio(rt.synthesize(name, "hi", voice="low", seed=1))
+        done.set()
+
+    t = threading.Thread(target=other_thread)
+    t.start()
+    assert not done.wait(0.3)  # waits for the open stream
+    first.close()
+    t.join(10)
+    assert done.is_set()
+    assert torch.equal(results["audio"], _audio(rt.synthesize(name, "hi", voice="low", seed=1)))
+
+
+def test_concurrent_requests_match_sequential(rt, tone_dir):
+    name = rt.load(tone_dir)
+    texts = [f"request number {i}" for i in range(6)]
+    want = [_audio(rt.synthesize(name, t, voice="high", seed=i, stream=i % 2 == 0)) for i, t in enumerate(texts)]
+    got = [None] * len(texts)
+
+    def work(i):
+        got[i] = _audio(rt.synthesize(name, texts[i], voice="high", seed=i, stream=i % 2 == 0))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(texts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
