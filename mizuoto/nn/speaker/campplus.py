@@ -1,0 +1,203 @@
+"""CAM++ speaker encoder (3D-Speaker) in the shape of the exported campplus.onnx graph.
+
+The export folds every batch norm that directly follows a convolution into that convolution
+(head convs, shortcuts, the TDNN, each dense layer's bottleneck, the last transit), so those
+convolutions carry a bias and the folded norms are absent; the remaining norms (before ReLUs
+and the final affine-free one) are kept. Input: the mean-normalized 80-bin kaldi fbank
+[B, T, F]; output: the speaker embedding [B, E] (192 in CosyVoice).
+
+Upstream runs it on onnxruntime's CPU provider only, and on a GPU its convolutions move the
+embedding by ~2.4e-4, so it is a fixed module: it always runs on the CPU (`fixed_device`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class BatchNorm(nn.Module):
+    """Inference batch norm with the exported tensors (scale, bias, running mean and variance)."""
+
+    def __init__(self, channels: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        for name in ("weight", "bias", "running_mean", "running_var"):
+            self.register_buffer(name, torch.zeros(channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dt = x.dtype
+        return F.batch_norm(x, self.running_mean.to(dt), self.running_var.to(dt), self.weight.to(dt),
+                            self.bias.to(dt), False, 0.0, self.eps)
+
+
+class _Norm(nn.Module):
+    def __init__(self, channels: int, eps: float) -> None:
+        super().__init__()
+        self.batchnorm = BatchNorm(channels, eps)
+
+    def forward(self, x):
+        return F.relu(self.batchnorm(x))
+
+
+class ResBlock(nn.Module):
+    """FCM residual block: conv-ReLU-conv plus a (strided 1x1) shortcut, then ReLU."""
+
+    def __init__(self, channels: int, stride: int, shortcut: bool) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, channels, 3, stride=(stride, 1), padding=1)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.shortcut = nn.Sequential(nn.Conv2d(channels, channels, 1, stride=(stride, 1))) \
+            if shortcut else nn.Sequential()
+
+    def forward(self, x):
+        return F.relu(self.conv2(F.relu(self.conv1(x))) + self.shortcut(x))
+
+
+class FCM(nn.Module):
+    """2-D front end over (frequency, time); frequency is folded into channels at the end."""
+
+    def __init__(self, channels: int, layers: list[list[list[int]]], conv2_stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, channels, 3, padding=1)
+        for i, blocks in enumerate(layers, start=1):
+            self.add_module(f"layer{i}", nn.Sequential(*(ResBlock(channels, s, bool(sc)) for s, sc in blocks)))
+        self.n_layers = len(layers)
+        self.conv2 = nn.Conv2d(channels, channels, 3, stride=(conv2_stride, 1), padding=1)
+
+    def forward(self, x):
+        x = F.relu(self.conv1(x.unsqueeze(1)))
+        for i in range(1, self.n_layers + 1):
+            x = getattr(self, f"layer{i}")(x)
+        x = F.relu(self.conv2(x))
+        return x.reshape(x.shape[0], x.shape[1] * x.shape[2], x.shape[3])
+
+
+class CAMLayer(nn.Module):
+    """Context-aware masking: a local conv gated by utterance- and segment-level context."""
+
+    def __init__(self, channels: int, out: int, hidden: int, kernel: int, dilation: int, seg_len: int) -> None:
+        super().__init__()
+        self.seg_len = seg_len
+        self.linear_local = nn.Conv1d(channels, out, kernel, padding=(kernel - 1) // 2 * dilation,
+                                      dilation=dilation, bias=False)
+        self.linear1 = nn.Conv1d(channels, hidden, 1)
+        self.linear2 = nn.Conv1d(hidden, out, 1)
+
+    def forward(self, x):
+        y = self.linear_local(x)
+        t = x.shape[-1]
+        # segment means (last segment over its valid frames), each repeated over its segment
+        seg = F.avg_pool1d(x, self.seg_len, self.seg_len, ceil_mode=True)
+        seg = seg.unsqueeze(-1).expand(*seg.shape, self.seg_len).reshape(*seg.shape[:2], -1)[..., :t]
+        context = x.mean(-1, keepdim=True) + seg
+        return y * torch.sigmoid(self.linear2(F.relu(self.linear1(context))))
+
+
+class DenseLayer(nn.Module):
+    """BN-ReLU, bottleneck 1x1 conv (next BN folded in) + ReLU, CAM layer."""
+
+    def __init__(self, channels: int, bn_channels: int, growth: int, cam_hidden: int,
+                 kernel: int, dilation: int, seg_len: int, eps: float) -> None:
+        super().__init__()
+        self.nonlinear1 = _Norm(channels, eps)
+        self.linear1 = nn.Conv1d(channels, bn_channels, 1)
+        self.cam_layer = CAMLayer(bn_channels, growth, cam_hidden, kernel, dilation, seg_len)
+
+    def forward(self, x):
+        return self.cam_layer(F.relu(self.linear1(self.nonlinear1(x))))
+
+
+class Transit(nn.Module):
+    """BN-ReLU then a 1x1 conv (biased when a following batch norm was folded into it)."""
+
+    def __init__(self, channels: int, out: int, bias: bool, eps: float) -> None:
+        super().__init__()
+        self.nonlinear = _Norm(channels, eps)
+        self.linear = nn.Conv1d(channels, out, 1, bias=bias)
+
+    def forward(self, x):
+        return self.linear(self.nonlinear(x))
+
+
+class CAMPPlus(nn.Module):
+    """CAM++: fbank [B, T, F] (or [T, F]) -> speaker embedding [B, E]; always on the CPU."""
+
+    fixed_device = torch.device("cpu")
+
+    def __init__(self, *, feat_dim: int, head_channels: int, head_layers: list[list[list[int]]],
+                 head_conv2_stride: int, tdnn: dict, blocks: list[dict], transits: list[dict],
+                 embedding_size: int, seg_len: int, eps: float, out_batchnorm: bool = False) -> None:
+        super().__init__()
+        self.feat_dim = feat_dim
+        self.head = FCM(head_channels, head_layers, head_conv2_stride)
+        freq = feat_dim
+        for blocks_of_layer in head_layers:
+            for stride, _ in blocks_of_layer:
+                freq = (freq - 1) // stride + 1
+        freq = (freq - 1) // head_conv2_stride + 1
+        xvector = nn.Module()
+        xvector.tdnn = nn.Module()
+        xvector.tdnn.linear = nn.Conv1d(head_channels * freq, tdnn["out"], tdnn["kernel"],
+                                        stride=tdnn["stride"], padding=tdnn["padding"],
+                                        dilation=tdnn["dilation"])
+        channels = tdnn["out"]
+        self.n_blocks = len(blocks)
+        for b, (spec, transit) in enumerate(zip(blocks, transits, strict=True), start=1):
+            block = nn.Module()
+            for i in range(1, spec["layers"] + 1):
+                block.add_module(f"tdnnd{i}", DenseLayer(
+                    channels, spec["bn_channels"], spec["growth"], spec["cam_hidden"],
+                    spec["kernel"], spec["dilation"], seg_len, eps))
+                channels += spec["growth"]
+            xvector.add_module(f"block{b}", block)
+            xvector.add_module(f"transit{b}", Transit(channels, transit["out"], transit["bias"], eps))
+            channels = transit["out"]
+        if out_batchnorm:
+            xvector.out_nonlinear = _Norm(channels, eps)
+        xvector.dense = nn.Module()
+        xvector.dense.linear = nn.Conv1d(channels * 2, embedding_size, 1, bias=False)
+        xvector.dense.nonlinear = nn.Module()
+        xvector.dense.nonlinear.batchnorm = BatchNorm(embedding_size, eps)
+        self.xvector = xvector
+        self.out_batchnorm = out_batchnorm
+
+    @classmethod
+    def from_onnx(cls, path: str | Path, progress=None) -> "CAMPPlus":
+        """Build from a campplus.onnx file (converted once, then cached)."""
+        from mizuoto.nn.speaker.campplus_onnx import load_campplus
+
+        return load_campplus(path, progress)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the weights are; the engine keeps this module on `fixed_device`."""
+        return next(self.parameters()).device
+
+    def forward(self, feats: torch.Tensor) -> torch.Tensor:
+        """Embedding [B, E] of mean-normalized fbank features [B, T, F]; computed on the module's device."""
+        if feats.dim() == 2:
+            feats = feats.unsqueeze(0)
+        if feats.dim() != 3 or feats.shape[-1] != self.feat_dim:
+            raise ValueError(f"CAM++ wants fbank [B, T, {self.feat_dim}], got {tuple(feats.shape)}")
+        xv = self.xvector
+        weight = self.head.conv1.weight
+        x = self.head(feats.to(weight.device, weight.dtype).transpose(1, 2))
+        x = F.relu(xv.tdnn.linear(x))
+        for b in range(1, self.n_blocks + 1):
+            for layer in getattr(xv, f"block{b}").children():
+                x = torch.cat([x, layer(x)], dim=1)
+            x = getattr(xv, f"transit{b}")(x)
+        x = xv.out_nonlinear(x) if self.out_batchnorm else F.relu(x)
+        # The last norm divides by sqrt(running_var), which magnifies float32 rounding of the
+        # pooled statistics and of the 1x1 projection; both are cheap, so they run in float64.
+        x = x.double()
+        n = x.shape[-1]
+        centered = x - x.mean(-1, keepdim=True)
+        std = torch.sqrt((centered * centered).mean(-1) * n / (n - 1))  # unbiased, as exported
+        stats = torch.cat([x.mean(-1), std], dim=-1)
+        emb = F.conv1d(stats.unsqueeze(-1), xv.dense.linear.weight.double()).squeeze(-1)
+        return xv.dense.nonlinear.batchnorm(emb).to(weight.dtype)

@@ -1,0 +1,100 @@
+"""CAM++ built from campplus.onnx vs onnxruntime's recorded embeddings."""
+
+import json
+import re
+import shutil
+
+import onnx
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import mizuoto.runtime.convert.onnx as conv
+from mizuoto.nn.speaker.campplus import CAMPPlus
+from mizuoto.nn.speaker.campplus_onnx import node_scope
+from mizuoto.testing.fixtures import fixture_path
+
+REL = 1e-5
+_FRONTEND = fixture_path("frontend")
+_CLIPS = sorted(json.loads((_FRONTEND / "manifest.json").read_text())["clips"])
+_ONNX = _FRONTEND / "models" / "campplus.onnx"  # the file name upstream model dirs use
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    home = tmp_path_factory.mktemp("campplus")
+    shutil.copy(_ONNX, home / _ONNX.name)
+    return CAMPPlus.from_onnx(home / _ONNX.name)
+
+
+@pytest.mark.parametrize("clip", _CLIPS)
+def test_embedding_matches_onnxruntime(model, clip):
+    ref = load_file(str(_FRONTEND / "refs" / f"{clip}.safetensors"))
+    expected = ref["campplus_embedding"]
+    with torch.inference_mode():
+        emb = model(ref["kaldi_fbank_cmn"].unsqueeze(0))
+    assert emb.shape == expected.shape and emb.dtype == torch.float32
+    rel = ((emb - expected).abs().max() / expected.abs().max()).item()
+    print(f"{clip}: T={ref['kaldi_fbank_cmn'].shape[0]} max|ours-ort|/max|ort| = {rel:.2e}")
+    assert rel <= REL
+
+
+def test_it_is_a_fixed_cpu_module(model):
+    assert CAMPPlus.fixed_device == torch.device("cpu")
+    assert model.device == CAMPPlus.fixed_device
+    assert not model.training
+
+
+def test_a_2d_input_is_one_utterance(model):
+    clips = json.loads((_FRONTEND / "manifest.json").read_text())["clips"]
+    shortest = min(clips, key=lambda c: clips[c]["num_samples"] / clips[c]["sample_rate"])
+    ref = load_file(str(_FRONTEND / "refs" / f"{shortest}.safetensors"))
+    with torch.inference_mode():
+        assert torch.equal(model(ref["kaldi_fbank_cmn"]), model(ref["kaldi_fbank_cmn"][None]))
+
+
+def test_sizes_and_layers_come_from_the_graph(model):
+    graph = onnx.load(str(_ONNX)).graph
+    shapes = {t.name: tuple(t.dims) for t in graph.initializer}
+    weights = {n.name: shapes[n.input[1]] for n in graph.node
+               if n.op_type == "Conv" and n.input[1] in shapes}
+    convs = {path: m for path, m in model.named_modules() if isinstance(m, (torch.nn.Conv1d, torch.nn.Conv2d))}
+    assert len(convs) == len(weights)
+    for path, module in convs.items():
+        assert tuple(module.weight.shape) == weights[f"{node_scope(path)}/Conv"], path
+    layers = {m.group(0) for n in graph.node if (m := re.match(r"/xvector/block\d+/tdnnd\d+/", n.name))}
+    assert sum(1 for p, _ in model.named_modules() if re.fullmatch(r"xvector\.block\d+\.tdnnd\d+", p)) == len(layers)
+
+
+def test_node_scope():
+    assert node_scope("head.layer1.0.shortcut.0") == "/head/layer1/layer1.0/shortcut/shortcut.0"
+    assert node_scope("xvector.block2.tdnnd3.linear1") == "/xvector/block2/tdnnd3/linear1"
+
+
+def test_the_second_load_reads_the_cache(tmp_path, monkeypatch):
+    shutil.copy(_ONNX, tmp_path / _ONNX.name)
+    parses = []
+    real = conv._parse_onnx
+    monkeypatch.setattr(conv, "_parse_onnx", lambda p, progress: parses.append(p) or real(p, progress))
+    a = CAMPPlus.from_onnx(tmp_path / _ONNX.name).state_dict()
+    b = CAMPPlus.from_onnx(tmp_path / _ONNX.name).state_dict()
+    assert len(parses) == 1 and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("clip", _CLIPS)
+def test_end_to_end_from_the_wav_file(model, clip):
+    """wav -> load_wav(16 kHz) -> kaldi fbank + CMN (ours) -> CAM++, against onnxruntime's embedding.
+
+    The fbank itself differs from torchaudio's near its log floor (up to a few 1e-3), so this uses
+    the front end's tolerance for the embedding: 1e-3 absolute and cosine >= 0.99999.
+    """
+    from mizuoto.nn.dsp import kaldi_fbank, load_wav, mean_normalize
+
+    info = json.loads((_FRONTEND / "manifest.json").read_text())["clips"][clip]
+    feats = mean_normalize(kaldi_fbank(load_wav(_FRONTEND / info["wav"], 16000)))
+    expected = load_file(str(_FRONTEND / "refs" / f"{clip}.safetensors"))["campplus_embedding"]
+    with torch.inference_mode():
+        emb = model(feats)
+    cosine = torch.nn.functional.cosine_similarity(emb, expected).item()
+    print(f"{clip} from wav: max abs {(emb - expected).abs().max().item():.2e}, cosine {cosine:.9f}")
+    assert (emb - expected).abs().max().item() <= 1e-3 and cosine >= 0.99999
