@@ -1,0 +1,250 @@
+"""One CosyVoice request, from model input to audio chunks: upstream's `model.tts` without its LM thread.
+
+Upstream runs the LM in a thread and polls its token list; the chunk boundaries depend only on
+the token sequence, so running the LM in the request's thread and cutting chunks as tokens
+arrive gives the same chunks. Draw order (seeding rule, see docs/engines/cosyvoice.md):
+
+- the LM draws from `Generator(seed)`;
+- the flow (v1 noise) and the vocoder draw from the same generator when nothing else draws
+  concurrently in upstream (non-streaming, or voice conversion, which has no LM): that is
+  upstream's order exactly (LM, flow noise, vocoder noise);
+- in LM-driven streaming they draw from their own `Generator(seed + 1)`, because upstream's
+  interleaving there depends on thread timing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from mizuoto.runtime.errors import InvalidRequest
+
+
+class LMStage(Protocol):
+    def __call__(self, text: Any, prompt_text: torch.Tensor, prompt_speech_token: torch.Tensor,
+                 embedding: torch.Tensor, generator: torch.Generator) -> Iterator[int]: ...
+
+
+class FlowStage(Protocol):
+    def __call__(self, token: torch.Tensor, prompt_token: torch.Tensor, prompt_feat: torch.Tensor,
+                 embedding: torch.Tensor, *, streaming: bool, finalize: bool, cache: Any,
+                 generator: torch.Generator) -> tuple[torch.Tensor, Any]: ...
+
+
+class HiftStage(Protocol):
+    def __call__(self, mel: torch.Tensor, *, cache_source: torch.Tensor | None, finalize: bool,
+                 generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@dataclass(frozen=True)
+class StreamSchedule:
+    """Upstream's streaming constants for one generation (cosyvoice/cli/model.py)."""
+
+    version: int
+    token_hop_len: int          # first hop (v2/v3) or fixed hop (v1)
+    token_max_hop_len: int
+    scale_factor: int           # hop growth per chunk
+    token_overlap_len: int = 0  # v1 only
+    mel_overlap_len: int = 0    # v1 only: mel crossfade between flow chunks
+    mel_cache_len: int = 0      # v1/v2 vocoder cache, in mel frames
+    source_cache_len: int = 0   # v1/v2 vocoder cache, in samples
+    token_mel_ratio: int = 1
+    pre_lookahead_len: int = 0
+
+
+def schedule_for(version: int, input_frame_rate: int, token_mel_ratio: int, pre_lookahead_len: int,
+                 sample_rate: int) -> StreamSchedule:
+    """The streaming constants upstream derives from the flow's rates for `version`."""
+    if version == 1:
+        overlap = 20
+        # upstream writes 22050 / 256 here whatever the model's rate (CosyVoiceModel.__init__)
+        mel_overlap = int(overlap / input_frame_rate * 22050 / 256)
+        return StreamSchedule(1, 2 * input_frame_rate, 4 * input_frame_rate, 1, overlap, mel_overlap,
+                              20, 20 * 256, 1, 0)
+    hop_len = sample_rate // 50  # mel hop: 480 at 24 kHz
+    return StreamSchedule(version, 25, 100, 2, 0, 0, 8, 8 * hop_len, token_mel_ratio, pre_lookahead_len)
+
+
+def fade_in_out(fade_in: torch.Tensor, fade_out: torch.Tensor, window: np.ndarray) -> torch.Tensor:
+    """Crossfade as upstream: the numpy (float64) window promotes the product, then it is stored as float32."""
+    n = window.shape[0] // 2
+    out = fade_in.clone()
+    win = torch.from_numpy(window)
+    mixed = fade_in[..., :n].double() * win[:n] + fade_out[..., -n:].double() * win[n:]
+    out[..., :n] = mixed.to(out.dtype)
+    return out
+
+
+# CosyVoice 3 drops runs of more than five of these FSQ silence/breath tokens (CosyVoice3Model.silent_tokens).
+V3_SILENT_TOKENS = frozenset({1, 2, 28, 29, 55, 248, 494, 2241, 2242, 2322, 2323})
+MAX_SILENT_RUN = 5
+
+
+def drop_long_silences(tokens: Iterable[int], silent: frozenset[int]) -> Iterator[int]:
+    """Yield tokens, skipping silent ones once more than MAX_SILENT_RUN occur in a row."""
+    run = 0
+    for tok in tokens:
+        if tok in silent:
+            run += 1
+            if run > MAX_SILENT_RUN:
+                continue
+        else:
+            run = 0
+        yield tok
+
+
+class Synthesizer:
+    """Runs upstream's token2wav schedule for one generation over the LM, flow and vocoder stages."""
+
+    def __init__(self, schedule: StreamSchedule, lm: LMStage | None, flow: FlowStage, hift: HiftStage,
+                 silent_tokens: frozenset[int] = frozenset(), on_tokens: Callable[[list[int]], None] | None = None):
+        self.schedule = schedule
+        self.lm, self.flow, self.hift = lm, flow, hift
+        self.silent_tokens = silent_tokens
+        self.on_tokens = on_tokens  # observer for tests and benchmarks: the final token list
+        s = schedule
+        self.speech_window = np.hamming(2 * s.source_cache_len) if s.source_cache_len else None
+        self.mel_window = np.hamming(2 * s.mel_overlap_len) if s.mel_overlap_len else None
+
+    # -- token source -------------------------------------------------------------------------
+    def _tokens(self, inputs: dict[str, Any], generator: torch.Generator) -> Iterator[int]:
+        source = inputs.get("source_speech_token")
+        if source is not None and source.shape[1] > 0:
+            yield from (int(t) for t in source.flatten().tolist())
+            return
+        if self.lm is None:
+            raise InvalidRequest("this model has no LM stage; only voice conversion is possible")
+        empty_tok = torch.zeros(1, 0, dtype=torch.int32)
+        raw = self.lm(inputs["text"], inputs.get("prompt_text", empty_tok),
+                      inputs.get("llm_prompt_speech_token", empty_tok),
+                      inputs.get("llm_embedding", torch.zeros(0, 192)), generator)
+        yield from drop_long_silences(raw, self.silent_tokens) if self.silent_tokens else raw
+
+    # -- request ------------------------------------------------------------------------------
+    def run(self, inputs: dict[str, Any], *, stream: bool, speed: float, lm_gen: torch.Generator,
+            voc_gen: torch.Generator) -> Iterator[torch.Tensor]:
+        """Yield float32 [1, N] audio chunks for one model input (upstream's model.tts)."""
+        if stream and speed != 1.0:
+            raise InvalidRequest("speed can only be changed without streaming (as upstream)")
+        tokens = self._tokens(inputs, lm_gen)
+        if not stream:
+            all_tokens = list(tokens)
+            if self.on_tokens:
+                self.on_tokens(all_tokens)
+            yield self._token2wav(all_tokens, inputs, _State(), voc_gen, offset=0, streaming=False,
+                                  finalize=True, speed=speed)
+            return
+        yield from self._stream(tokens, inputs, voc_gen)
+
+    def _stream(self, tokens: Iterator[int], inputs: dict[str, Any], gen: torch.Generator) -> Iterator[torch.Tensor]:
+        s = self.schedule
+        state = _State()
+        got: list[int] = []
+        if s.version == 1:
+            hop, start = s.token_hop_len, 0
+            for tok in tokens:
+                got.append(tok)
+                while len(got) - start >= hop + s.token_overlap_len:
+                    chunk = got[start:start + hop + s.token_overlap_len]
+                    yield self._token2wav(chunk, inputs, state, gen, offset=0, streaming=True, finalize=False)
+                    start += hop
+                    hop = min(s.token_max_hop_len, hop * s.scale_factor)
+            if self.on_tokens:
+                self.on_tokens(list(got))
+            yield self._token2wav(got[start:], inputs, state, gen, offset=0, streaming=False, finalize=True)
+            return
+        prompt_len = inputs["flow_prompt_speech_token"].shape[1]
+        pad = int(np.ceil(prompt_len / s.token_hop_len) * s.token_hop_len - prompt_len)
+        hop, offset = s.token_hop_len, 0
+        for tok in tokens:
+            got.append(tok)
+            while True:
+                this_hop = hop + pad if offset == 0 else hop
+                if len(got) - offset < this_hop + s.pre_lookahead_len:
+                    break
+                chunk = got[:offset + this_hop + s.pre_lookahead_len]
+                yield self._token2wav(chunk, inputs, state, gen, offset=offset, streaming=True, finalize=False)
+                offset += this_hop
+                hop = min(s.token_max_hop_len, hop * s.scale_factor)
+        if self.on_tokens:
+            self.on_tokens(list(got))
+        # upstream's last call passes no `stream`, so the flow runs non-streaming on it
+        yield self._token2wav(got, inputs, state, gen, offset=offset, streaming=False, finalize=True)
+
+    # -- token2wav ----------------------------------------------------------------------------
+    def _token2wav(self, tokens: list[int], inputs: dict[str, Any], state: "_State", gen: torch.Generator, *,
+                   offset: int, streaming: bool, finalize: bool, speed: float = 1.0) -> torch.Tensor:
+        s = self.schedule
+        token = torch.tensor([tokens], dtype=torch.int32)
+        mel, state.flow_cache = self.flow(token, inputs["flow_prompt_speech_token"], inputs["prompt_speech_feat"],
+                                          inputs["flow_embedding"], streaming=streaming, finalize=finalize,
+                                          cache=state.flow_cache, generator=gen)
+        if s.version == 3:
+            return self._vocode_v3(mel[:, :, offset * s.token_mel_ratio:], state, gen, finalize, speed)
+        if s.version == 2:
+            mel = mel[:, :, offset * s.token_mel_ratio:]
+        elif state.mel_overlap is not None:
+            mel = fade_in_out(mel, state.mel_overlap, self.mel_window)
+        return self._vocode_cached(mel, state, gen, finalize, speed)
+
+    def _vocode_cached(self, mel: torch.Tensor, state: "_State", gen: torch.Generator, finalize: bool,
+                       speed: float) -> torch.Tensor:
+        s = self.schedule
+        if state.hift_cache is not None:
+            mel = torch.cat([state.hift_cache["mel"], mel], dim=2)
+            cache_source = state.hift_cache["source"]
+        else:
+            cache_source = torch.zeros(1, 1, 0)
+        if not finalize:
+            if s.version == 1:
+                state.mel_overlap = mel[:, :, -s.mel_overlap_len:]
+                mel = mel[:, :, :-s.mel_overlap_len]
+            speech, source = self.hift(mel, cache_source=cache_source, finalize=False, generator=gen)
+            if state.hift_cache is not None:
+                speech = fade_in_out(speech, state.hift_cache["speech"], self.speech_window)
+            state.hift_cache = {"mel": mel[:, :, -s.mel_cache_len:], "source": source[:, :, -s.source_cache_len:],
+                                "speech": speech[:, -s.source_cache_len:]}
+            return speech[:, :-s.source_cache_len]
+        if speed != 1.0:
+            mel = F.interpolate(mel, size=int(mel.shape[2] / speed), mode="linear")
+        speech, _ = self.hift(mel, cache_source=cache_source, finalize=True, generator=gen)
+        if state.hift_cache is not None:
+            speech = fade_in_out(speech, state.hift_cache["speech"], self.speech_window)
+        return speech
+
+    def _vocode_v3(self, mel: torch.Tensor, state: "_State", gen: torch.Generator, finalize: bool,
+                   speed: float) -> torch.Tensor:
+        # CosyVoice 3 re-runs the causal vocoder on all mel so far and cuts what was already sent.
+        if state.mel_so_far is not None:
+            mel = torch.cat([state.mel_so_far, mel], dim=2)
+        state.mel_so_far = mel
+        if speed != 1.0:
+            mel = F.interpolate(mel, size=int(mel.shape[2] / speed), mode="linear")
+        speech, _ = self.hift(mel, cache_source=None, finalize=finalize, generator=gen)
+        speech = speech[:, state.speech_offset:]
+        state.speech_offset += speech.shape[1]
+        return speech
+
+
+def request_generators(seed: int, stream: bool, has_lm: bool) -> tuple[torch.Generator, torch.Generator]:
+    """(LM generator, flow/vocoder generator) for a request, by the seeding rule in this module's docstring."""
+    lm_gen = torch.Generator().manual_seed(seed)
+    if stream and has_lm:
+        return lm_gen, torch.Generator().manual_seed(seed + 1)
+    return lm_gen, lm_gen
+
+
+class _State:
+    """Per-request caches (upstream keeps these in dicts keyed by a uuid)."""
+
+    def __init__(self) -> None:
+        self.flow_cache: Any = None
+        self.mel_overlap: torch.Tensor | None = None
+        self.hift_cache: dict[str, torch.Tensor] | None = None
+        self.mel_so_far: torch.Tensor | None = None
+        self.speech_offset = 0
