@@ -1,0 +1,450 @@
+"""CosyVoice's speech-token LMs, inference: TransformerLM (v1), Qwen2LM (v2), CosyVoice3LM (v3).
+
+Upstream: cosyvoice/llm/llm.py. The LM input is [sos, (v1: speaker embedding), text, task_id,
+prompt speech-token embeddings], text being prompt text + text: v1 encodes it with its conformer
+text encoder, v2/v3 embed it with Qwen's embed_tokens. v1/v2 take sos/task_id from
+`llm_embedding`, v3 (which has none) from rows of `speech_embedding` past the speech tokens.
+Decoding runs `2 * len(text)` .. `20 * len(text)` steps (prompt text excluded); a stop id ends it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mizuoto.engines.cosyvoice.sampling import Sampler
+from mizuoto.nn.transformer.wenet import ConformerEncoder, TransformerEncoder
+from mizuoto.runtime.errors import InvalidRequest, MizuotoError, ModelLoadError
+from mizuoto.runtime.lm.qwen import QwenConfig, QwenDecoder, kv_cache_working_bytes
+
+VARIANTS = ("Qwen2LM", "CosyVoice3LM")  # on a Qwen2 decoder
+V1_VARIANT = "TransformerLM"
+_ENCODERS = {"ConformerEncoder": ConformerEncoder, "TransformerEncoder": TransformerEncoder}
+# CosyVoice3LM.inference requires <|endofprompt|> in prompt_text + text (upstream hardcodes the id).
+ENDOFPROMPT_ID = 151646
+# CosyVoice3Model drops silent/breath tokens beyond a run of five (FSQ ids, upstream's list).
+SILENT_TOKENS_V3 = frozenset({1, 2, 28, 29, 55, 248, 494, 2241, 2242, 2322, 2323})
+MAX_SILENT_RUN = 5
+# Planner bound of upstream's decode: a 300-position prompt, then 20 speech tokens per text token.
+PROMPT_POSITIONS_CAP = 300
+MAX_TOKEN_TEXT_RATIO = 20
+MIN_TOKEN_TEXT_RATIO = 2
+LM_OVERHEAD_BYTES = 512 * 1024 ** 2
+
+
+def lm_working_memory_bytes(cfg: QwenConfig, text_tokens: int, dtype_bytes: int = 4) -> int:
+    """LM working memory for a request of `text_tokens`: the KV cache at upstream's cap + 512 MiB.
+
+    The cache is counted at the query-head width (each KV head repeated once per head group,
+    as the SDPA path materializes it).
+    """
+    positions = PROMPT_POSITIONS_CAP + MAX_TOKEN_TEXT_RATIO * text_tokens
+    return kv_cache_working_bytes(cfg, positions, dtype_bytes) + LM_OVERHEAD_BYTES
+
+
+def v1_lm_working_memory_bytes(num_blocks: int, output_size: int, text_tokens: int,
+                               dtype_bytes: int = 4) -> int:
+    """v1 (wenet TransformerEncoder LM): its K/V cache at upstream's cap + 512 MiB."""
+    positions = PROMPT_POSITIONS_CAP + MAX_TOKEN_TEXT_RATIO * text_tokens
+    return num_blocks * 2 * output_size * positions * dtype_bytes + LM_OVERHEAD_BYTES
+
+
+def drop_silent_runs(tokens: Iterable[int]) -> Iterator[int]:
+    """v3: skip silent tokens once more than five have come in a row (CosyVoice3Model.llm_job)."""
+    run = 0
+    for token in tokens:
+        if token in SILENT_TOKENS_V3:
+            run += 1
+            if run > MAX_SILENT_RUN:
+                continue
+        else:
+            run = 0
+        yield token
+
+
+def _row(tokens: torch.Tensor | None, name: str) -> torch.Tensor:
+    if tokens is None:
+        return torch.zeros(1, 0, dtype=torch.int32)
+    if tokens.dim() == 1:
+        tokens = tokens.unsqueeze(0)
+    if tokens.dim() != 2 or tokens.shape[0] != 1:
+        raise InvalidRequest(f"{name}: expected token ids of shape (1, N), got {tuple(tokens.shape)}")
+    return tokens
+
+
+class QwenSpeechLM(nn.Module):
+    """Qwen2LM / CosyVoice3LM: parameter names are upstream's except `llm.model.model.` -> `llm.`."""
+
+    def __init__(self, variant: str, qwen: QwenConfig, llm_input_size: int, llm_output_size: int,
+                 speech_token_size: int, sampler: Sampler, mix_ratio: tuple[int, int] = (5, 15)) -> None:
+        super().__init__()
+        if variant not in VARIANTS:
+            raise ModelLoadError(f"unknown Qwen speech LM {variant!r} (expected one of {VARIANTS})")
+        if llm_input_size != qwen.hidden_size or llm_output_size != qwen.hidden_size:
+            raise ModelLoadError(f"llm_input_size/llm_output_size {llm_input_size}/{llm_output_size} "
+                                 f"differ from the Qwen hidden_size {qwen.hidden_size}")
+        self.variant = variant
+        self.speech_token_size = n = speech_token_size
+        self.sampler = sampler
+        self.mix_ratio = (int(mix_ratio[0]), int(mix_ratio[1]))  # text : prompt speech, bistream
+        self.llm = QwenDecoder(qwen)
+        if variant == "Qwen2LM":
+            self.llm_embedding = nn.Embedding(2, llm_input_size)
+            self.llm_decoder = nn.Linear(llm_output_size, n + 3)
+            self.speech_embedding = nn.Embedding(n + 3, llm_input_size)
+            self.eos_token, self.fill_token = n, n + 2
+            self.stop_token_ids = frozenset(range(n, n + 3))
+        else:
+            self.llm_decoder = nn.Linear(llm_output_size, n + 200, bias=False)
+            self.speech_embedding = nn.Embedding(n + 200, llm_input_size)
+            self.sos, self.eos_token, self.task_id, self.fill_token = n, n + 1, n + 2, n + 3
+            self.stop_token_ids = frozenset(range(n, n + 200))
+
+    @staticmethod
+    def upstream_key(name: str) -> str:
+        """The llm.pt key of one of our parameter names."""
+        return "llm.model.model." + name[len("llm."):] if name.startswith("llm.") else name
+
+    def working_memory_bytes(self, text_tokens: int, dtype_bytes: int = 4) -> int:
+        """Planner formula for a request of `text_tokens` (see lm_working_memory_bytes)."""
+        return lm_working_memory_bytes(self.llm.config, text_tokens, dtype_bytes)
+
+    def _special(self, which: str) -> torch.Tensor:
+        if self.variant == "Qwen2LM":
+            return self.llm_embedding.weight[{"sos": 0, "task_id": 1}[which]].reshape(1, 1, -1)
+        return self.speech_embedding.weight[getattr(self, which)].reshape(1, 1, -1)
+
+    def lm_input(self, text: torch.Tensor, prompt_text: torch.Tensor,
+                 prompt_speech_token: torch.Tensor) -> torch.Tensor:
+        """[sos, embed(prompt_text + text), task_id, speech_embedding(prompt tokens)] as (1, P, D)."""
+        device = self.speech_embedding.weight.device
+        text = torch.concat([prompt_text, text], dim=1).to(device)
+        if self.variant == "CosyVoice3LM" and not bool((text == ENDOFPROMPT_ID).any()):
+            raise InvalidRequest("CosyVoice 3 needs <|endofprompt|> (token 151646) in the text or prompt text")
+        text_emb = self.llm.embed_tokens(text)
+        if prompt_speech_token.shape[1] != 0:
+            speech_emb = self.speech_embedding(prompt_speech_token.to(device))
+        else:
+            speech_emb = torch.zeros(1, 0, text_emb.shape[-1], dtype=text_emb.dtype, device=device)
+        return torch.concat([self._special("sos"), text_emb, self._special("task_id"), speech_emb], dim=1)
+
+    def cache_positions(self, prompt_positions: int, text_tokens: int,
+                        max_token_text_ratio: float = MAX_TOKEN_TEXT_RATIO) -> int:
+        """Positions a decode can fill: the prompt plus every fed-back token."""
+        return prompt_positions + _scaled(text_tokens, max_token_text_ratio)
+
+    @torch.inference_mode()
+    def generate(self, text: torch.Tensor, prompt_text: torch.Tensor | None = None,
+                 prompt_speech_token: torch.Tensor | None = None, *,
+                 generator: torch.Generator | None = None, embedding: torch.Tensor | None = None,
+                 cache: str = "dynamic", cache_len: int = 0,
+                 max_token_text_ratio: float = MAX_TOKEN_TEXT_RATIO,
+                 min_token_text_ratio: float = MIN_TOKEN_TEXT_RATIO) -> Iterator[int]:
+        """Yield speech token ids as upstream's inference does, drawing from `generator`.
+
+        The generator lives on the LM's device (None: the global one, as upstream draws).
+        `embedding` (the speaker embedding) is accepted for a uniform call and unused, as in
+        upstream's Qwen2LM. `cache` is "dynamic" or "static" (same tokens); a static cache has
+        `cache_len` positions (e.g. the planner's bound), by default exactly what this request
+        can fill.
+        """
+        text, prompt_text = _row(text, "text"), _row(prompt_text, "prompt_text")
+        prompt_speech_token = _row(prompt_speech_token, "prompt_speech_token")
+        lm_input = self.lm_input(text, prompt_text, prompt_speech_token)
+        min_len = _scaled(text.shape[1], min_token_text_ratio)
+        max_len = _scaled(text.shape[1], max_token_text_ratio)
+        need = self.cache_positions(lm_input.shape[1], text.shape[1], max_token_text_ratio)
+        if cache == "static" and 0 < cache_len < need:
+            raise InvalidRequest(f"a static KV cache of {cache_len} positions is too small: "
+                                 f"this request can fill {need}")
+        kv = self.llm.new_cache(cache, cache_len or need)
+        out_tokens: list[int] = []
+        for i in range(max_len):
+            token = self._draw(self._scores(lm_input, kv), out_tokens, generator, ignore_eos=i < min_len)
+            if token in self.stop_token_ids:
+                break
+            yield token
+            out_tokens.append(token)
+            lm_input = self.speech_embedding.weight[token].reshape(1, 1, -1)
+
+    def _scores(self, lm_input: torch.Tensor, kv) -> torch.Tensor:
+        hidden = self.llm(lm_input, kv)
+        return self.llm_decoder(hidden[:, -1]).log_softmax(dim=-1).squeeze(dim=0)
+
+    def _draw(self, scores: torch.Tensor, out_tokens: list[int], generator: torch.Generator | None,
+              ignore_eos: bool) -> int:
+        if ignore_eos:
+            # Only the first stop id is masked, as upstream does: v3 (eos = n + 1) and the
+            # other stop ids can still end decoding before min_len.
+            scores[self.speech_token_size] = -float("inf")
+        return self.sampler(scores, out_tokens, generator)
+
+    @torch.inference_mode()
+    def generate_bistream(self, text: Iterable[torch.Tensor], prompt_text: torch.Tensor,
+                          prompt_speech_token: torch.Tensor | None = None, *,
+                          generator: torch.Generator | None = None, cache: str = "dynamic",
+                          cache_len: int = 0) -> Iterator[int]:
+        """Upstream's inference_bistream: text arrives in pieces (token rows) while tokens are yielded.
+
+        Text and prompt speech are interleaved `mix_ratio` (5 : 15); then every 5 text tokens the
+        LM speaks until it emits (or is forced to) the fill token. A static cache needs
+        `cache_len`, since the text's length is unknown in advance.
+        """
+        prompt_text = _row(prompt_text, "prompt_text")
+        if prompt_text.shape[1] == 0:
+            raise InvalidRequest("streaming text in needs the reference text (prompt text)")
+        prompt_speech_token = _row(prompt_speech_token, "prompt_speech_token")
+        n_text, n_speech = self.mix_ratio
+        embed, device = self.llm.embed_tokens, self.speech_embedding.weight.device
+        prompt_text = prompt_text.to(device)
+        if prompt_speech_token.shape[1] != 0:
+            speech = self.speech_embedding(prompt_speech_token.to(device))
+        else:
+            speech = torch.zeros(1, 0, self.speech_embedding.embedding_dim, device=device)
+        lm_input = self._special("sos")
+        if self.variant == "CosyVoice3LM":
+            ids = prompt_text.flatten().tolist()
+            if ENDOFPROMPT_ID not in ids:
+                raise InvalidRequest("CosyVoice 3 needs <|endofprompt|> (token 151646) in the prompt text")
+            eop = ids.index(ENDOFPROMPT_ID)
+            lm_input = torch.concat([lm_input, embed(prompt_text[:, :eop + 1])], dim=1)
+            prompt_text = prompt_text[:, eop + 1:]
+        text_cache = embed(prompt_text)
+        next_fill = (int(prompt_speech_token.shape[1] / n_speech) + 1) * n_speech - prompt_speech_token.shape[1]
+        kv = self.llm.new_cache(cache, cache_len)
+        out: list[int] = []
+        for piece in text:
+            text_cache = torch.concat([text_cache, embed(_row(piece, "text").to(device))], dim=1)
+            while speech.shape[1] != 0 and text_cache.shape[1] >= n_text:
+                lm_input = torch.concat([lm_input, text_cache[:, :n_text], speech[:, :n_speech]], dim=1)
+                text_cache, speech = text_cache[:, n_text:], speech[:, n_speech:]
+            if speech.shape[1] != 0:
+                continue
+            after_fill = bool(out) and out[-1] == self.fill_token
+            if after_fill or (not out and lm_input.shape[1] == 1):
+                if text_cache.shape[1] < n_text:
+                    continue
+                head = text_cache[:, :n_text]
+                lm_input = head if after_fill else torch.concat([lm_input, head], dim=1)
+                text_cache = text_cache[:, n_text:]
+            while True:
+                scores = self._scores(lm_input, kv)
+                if next_fill != -1 and len(out) == next_fill:
+                    token = self.fill_token  # forced: nothing is drawn
+                    next_fill += n_speech + 1
+                else:
+                    token = self._draw(scores, out, generator, ignore_eos=True)
+                if token == self.fill_token:
+                    next_fill = len(out) + n_speech + 1
+                out.append(token)
+                if token >= self.speech_token_size:
+                    if token == self.fill_token:
+                        # lm_input keeps the input already fed, as upstream (it is fed again if
+                        # the text ends here)
+                        break
+                    raise MizuotoError(f"the LM produced special token {token} before the text ended "
+                                       "(upstream raises here too)")
+                yield token
+                lm_input = self.speech_embedding.weight[token].reshape(1, 1, -1)
+        lm_input = torch.concat([lm_input, text_cache, self._special("task_id")], dim=1)
+        while True:
+            token = self._draw(self._scores(lm_input, kv), out, generator, ignore_eos=False)
+            out.append(token)
+            if token >= self.speech_token_size:
+                if token == self.eos_token:
+                    break
+                raise MizuotoError(f"the LM produced special token {token} instead of eos (upstream raises here too)")
+            yield token
+            lm_input = self.speech_embedding.weight[token].reshape(1, 1, -1)
+
+
+class TransformerSpeechLM(nn.Module):
+    """CosyVoice 1's TransformerLM: conformer text encoder + transformer LM; upstream's names."""
+
+    variant = V1_VARIANT
+
+    def __init__(self, text_encoder_input_size: int, llm_input_size: int, llm_output_size: int,
+                 text_token_size: int, speech_token_size: int, text_encoder: nn.Module,
+                 llm: nn.Module, sampler: Sampler, spk_embed_dim: int = 192) -> None:
+        super().__init__()
+        self.llm_input_size = llm_input_size
+        self.speech_token_size = speech_token_size
+        self.sampler = sampler
+        self.text_embedding = nn.Embedding(text_token_size, text_encoder_input_size)
+        self.text_encoder = text_encoder
+        self.text_encoder_affine_layer = nn.Linear(text_encoder.output_size(), llm_input_size)
+        self.llm_embedding = nn.Embedding(2, llm_input_size)  # rows: sos, task_id
+        self.llm = llm
+        self.llm_decoder = nn.Linear(llm_output_size, speech_token_size + 1)
+        self.speech_embedding = nn.Embedding(speech_token_size, llm_input_size)
+        self.spk_embed_affine_layer = nn.Linear(spk_embed_dim, llm_input_size)
+        self.eos_token = speech_token_size
+
+    @staticmethod
+    def upstream_key(name: str) -> str:
+        """The llm.pt key of one of our parameter names (the same)."""
+        return name
+
+    def working_memory_bytes(self, text_tokens: int, dtype_bytes: int = 4) -> int:
+        """Planner formula for a request of `text_tokens` (see v1_lm_working_memory_bytes)."""
+        return v1_lm_working_memory_bytes(len(self.llm.encoders), self.llm.output_size(),
+                                          text_tokens, dtype_bytes)
+
+    def lm_input(self, text: torch.Tensor, prompt_text: torch.Tensor, prompt_speech_token: torch.Tensor,
+                 embedding: torch.Tensor | None) -> torch.Tensor:
+        """[sos, speaker embedding (if any), encoded text, task_id, prompt speech embeddings]."""
+        device = self.speech_embedding.weight.device
+        text = torch.concat([prompt_text, text], dim=1).to(device)
+        lengths = torch.tensor([text.shape[1]], dtype=torch.int32, device=device)
+        encoded, _ = self.text_encoder(self.text_embedding(text), lengths, decoding_chunk_size=1,
+                                       num_decoding_left_chunks=-1)
+        encoded = self.text_encoder_affine_layer(encoded)
+        if embedding is not None and embedding.shape[0] != 0:
+            spk = self.spk_embed_affine_layer(F.normalize(embedding.to(device), dim=1)).unsqueeze(dim=1)
+        else:
+            spk = torch.zeros(1, 0, self.llm_input_size, dtype=encoded.dtype, device=device)
+        if prompt_speech_token.shape[1] != 0:
+            speech = self.speech_embedding(prompt_speech_token.to(device))
+        else:
+            speech = torch.zeros(1, 0, self.llm_input_size, dtype=encoded.dtype, device=device)
+        sos = self.llm_embedding.weight[0].reshape(1, 1, -1)
+        task_id = self.llm_embedding.weight[1].reshape(1, 1, -1)
+        return torch.concat([sos, spk, encoded, task_id, speech], dim=1)
+
+    @torch.inference_mode()
+    def generate(self, text: torch.Tensor, prompt_text: torch.Tensor | None = None,
+                 prompt_speech_token: torch.Tensor | None = None, *,
+                 generator: torch.Generator | None = None, embedding: torch.Tensor | None = None,
+                 cache: str = "dynamic", max_token_text_ratio: float = MAX_TOKEN_TEXT_RATIO,
+                 min_token_text_ratio: float = MIN_TOKEN_TEXT_RATIO) -> Iterator[int]:
+        """Yield speech token ids as upstream's TransformerLM.inference does.
+
+        The wenet LM keeps its own growing cache (`cache` is accepted for a uniform call).
+        """
+        text, prompt_text = _row(text, "text"), _row(prompt_text, "prompt_text")
+        prompt_speech_token = _row(prompt_speech_token, "prompt_speech_token")
+        lm_input = self.lm_input(text, prompt_text, prompt_speech_token, embedding)
+        min_len = _scaled(text.shape[1], min_token_text_ratio)
+        max_len = _scaled(text.shape[1], max_token_text_ratio)
+        device = lm_input.device
+        att_cache = torch.zeros((0, 0, 0, 0), device=device)
+        cnn_cache = torch.zeros((0, 0, 0, 0), device=device)
+        out_tokens: list[int] = []
+        offset = 0
+        for i in range(max_len):
+            n = lm_input.shape[1]
+            causal = torch.tril(torch.ones((1, n, n), device=device)).to(torch.bool)
+            hidden, att_cache, cnn_cache = self.llm.forward_chunk(
+                lm_input, offset=offset, required_cache_size=-1, att_cache=att_cache,
+                cnn_cache=cnn_cache, att_mask=causal)
+            scores = self.llm_decoder(hidden[:, -1]).log_softmax(dim=-1).squeeze(dim=0)
+            if i < min_len:
+                scores[self.speech_token_size] = -float("inf")
+            token = self.sampler(scores, out_tokens, generator)
+            if token == self.eos_token:
+                break
+            yield token
+            out_tokens.append(token)
+            offset += n
+            lm_input = self.speech_embedding.weight[token].reshape(1, 1, -1)
+
+
+def _encoder(node, where: str) -> nn.Module:
+    cls = getattr(node, "cls", None)
+    if cls not in _ENCODERS:
+        raise ModelLoadError(f"{where}: unsupported encoder {getattr(node, 'target', node)!r}")
+    try:
+        return _ENCODERS[cls](**node.kwargs)
+    except (TypeError, ValueError, NotImplementedError) as exc:
+        raise ModelLoadError(f"{where}: {exc}") from None
+
+
+def _build_v1(node) -> TransformerSpeechLM:
+    names = ("text_encoder_input_size", "llm_input_size", "llm_output_size", "text_token_size",
+             "speech_token_size")
+    try:
+        sizes = {k: int(node[k]) for k in names}
+        text_encoder, llm, sampling = node["text_encoder"], node["llm"], node["sampling"]
+    except KeyError as exc:
+        raise ModelLoadError(f"llm: missing {exc.args[0]!r} in the yaml") from None
+    return TransformerSpeechLM(**sizes, spk_embed_dim=int(node.get("spk_embed_dim", 192)),
+                               text_encoder=_encoder(text_encoder, "llm.text_encoder"),
+                               llm=_encoder(llm, "llm.llm"), sampler=Sampler.from_yaml(sampling))
+
+
+def _scaled(n: int, ratio: float) -> int:
+    # upstream multiplies an int32 length tensor by the ratio, then truncates with int()
+    return int(torch.tensor([n], dtype=torch.int32) * ratio)
+
+
+def build_lm(llm_node, model_dir: str | Path) -> nn.Module:
+    """The LM the yaml's `llm` node describes (v2/v3: Qwen sizes from <model_dir>/CosyVoice-BlankEN)."""
+    variant = getattr(llm_node, "cls", None)
+    if variant == V1_VARIANT:
+        return _build_v1(llm_node)
+    if variant not in VARIANTS:
+        raise ModelLoadError(f"llm: unsupported LM class {getattr(llm_node, 'target', llm_node)!r}")
+    try:
+        sizes = {k: int(llm_node[k]) for k in ("llm_input_size", "llm_output_size", "speech_token_size")}
+    except KeyError as exc:
+        raise ModelLoadError(f"llm: missing {exc.args[0]!r} in the yaml") from None
+    qwen = QwenConfig.from_json(Path(model_dir) / "CosyVoice-BlankEN" / "config.json")
+    sampling = llm_node.get("sampling")
+    if sampling is None:
+        raise ModelLoadError("llm: missing 'sampling' in the yaml")
+    mix_ratio = tuple(llm_node.get("mix_ratio", (5, 15)))
+    return QwenSpeechLM(variant, qwen, sampler=Sampler.from_yaml(sampling), mix_ratio=mix_ratio, **sizes)
+
+
+def load_lm_state(lm: nn.Module, path: str | Path) -> None:
+    """Load upstream's llm.pt (strict): every key mapped, counted and shape-checked."""
+    path = Path(path)
+    if not path.is_file():
+        raise ModelLoadError(f"{path} is missing")
+    try:
+        sd = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many types for a truncated or foreign file
+        raise ModelLoadError(f"cannot read {path}: {exc}") from None
+    if not isinstance(sd, dict):
+        raise ModelLoadError(f"{path}: expected a state_dict, got {type(sd).__name__}")
+    sd = dict(sd)
+    head = sd.pop("llm.model.lm_head.weight", None) if isinstance(lm, QwenSpeechLM) else None
+    tied = isinstance(lm, QwenSpeechLM) and lm.llm.lm_head is None
+    if tied:
+        if head is None:
+            raise ModelLoadError(f"{path} does not fit {lm.variant}: missing keys: llm.model.lm_head.weight")
+        embed = sd.get("llm.model.model.embed_tokens.weight")
+        # torch.save keeps a tied head once; a checkpoint whose head differs is not this model
+        if embed is not None and not (head.data_ptr() == embed.data_ptr() or torch.equal(head, embed)):
+            raise ModelLoadError(f"{path}: llm.model.lm_head.weight differs from the tied embed_tokens")
+    elif head is not None:
+        sd["llm.model.model.lm_head.weight"] = head
+    ours = lm.state_dict()
+    expected = {lm.upstream_key(k): k for k in ours}
+    missing = sorted(set(expected) - set(sd))
+    unexpected = sorted(set(sd) - set(expected))
+    if missing or unexpected:
+        def few(keys: list[str]) -> str:
+            return ", ".join(keys[:5]) + (f" (+{len(keys) - 5} more)" if len(keys) > 5 else "")
+        parts = ([f"missing keys: {few(missing)}"] if missing else []) + \
+                ([f"unexpected keys: {few(unexpected)}"] if unexpected else [])
+        raise ModelLoadError(f"{path} does not fit {lm.variant}: " + "; ".join(parts))
+    for up, name in expected.items():
+        if tuple(sd[up].shape) != tuple(ours[name].shape):
+            raise ModelLoadError(f"{path}: {up} has shape {tuple(sd[up].shape)}, "
+                                 f"expected {tuple(ours[name].shape)}")
+    assert len(expected) == len(ours) == len(sd)
+    lm.load_state_dict({name: sd[up] for up, name in expected.items()}, strict=True)
+
+
+def load_lm(model_dir: str | Path, config: dict) -> nn.Module:
+    """Build the LM from the parsed yaml and load <model_dir>/llm.pt into it (eval mode)."""
+    if "llm" not in config:
+        raise ModelLoadError(f"{model_dir}: the yaml has no 'llm' entry")
+    lm = build_lm(config["llm"], model_dir)
+    load_lm_state(lm, Path(model_dir) / "llm.pt")
+    return lm.eval()

@@ -1,0 +1,116 @@
+"""Discovering and loading the CosyVoice parity cases (`cosyvoice/<version>/cases/<case>.json`).
+
+A case manifest is a json naming its model dir (`model_dir_relative_to_this_file`) and its
+tensor file; other jsons there (e.g. construction noise) are not cases. Tensors stored once
+for several names are resolved through the manifest's `aliases`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from mizuoto.testing.fixtures import fixtures_root
+
+
+@dataclass(frozen=True)
+class CaseRef:
+    """Where a case is (version folder, case name, manifest path) and which tensors it lists."""
+
+    version: str
+    name: str
+    json_path: Path
+    model_dir: Path
+    tensor_names: frozenset[str] = frozenset()
+
+    @property
+    def id(self) -> str:
+        """A test id such as `v2-zero_shot`."""
+        return f"{self.version}-{self.name}"
+
+    def has(self, *names: str) -> bool:
+        """Whether the manifest lists every one of these tensors (aliases included)."""
+        return all(n in self.tensor_names for n in names)
+
+    @property
+    def yaml_path(self) -> Path:
+        """The model dir's cosyvoice*.yaml."""
+        found = sorted(self.model_dir.glob("cosyvoice*.yaml"))
+        if len(found) != 1:
+            raise FileNotFoundError(f"{self.model_dir}: expected one cosyvoice*.yaml, found {len(found)}")
+        return found[0]
+
+
+@dataclass
+class Case:
+    """A loaded case: its manifest and its tensors, every alias under its own name."""
+
+    ref: CaseRef
+    meta: dict[str, Any]
+    tensors: dict[str, torch.Tensor] = field(repr=False)
+
+    @property
+    def model_dir(self) -> Path:
+        """The upstream-format model directory the case was recorded with."""
+        return self.ref.model_dir
+
+    @property
+    def seed(self) -> int:
+        """The seed upstream's `set_all_random_seed` got right before the call."""
+        return int(self.meta["seed"])
+
+    def get(self, name: str) -> torch.Tensor | None:
+        """A tensor by logical name, or None."""
+        return self.tensors.get(name)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.tensors[name]
+
+    def input(self, key: str) -> torch.Tensor | None:
+        """The model.tts kwarg `key` (stored as `input.<key>`), or None if the case has none."""
+        return self.tensors.get(f"input.{key}")
+
+
+def _manifest(path: Path) -> dict[str, Any] | None:
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    if isinstance(meta, dict) and "model_dir_relative_to_this_file" in meta and "tensor_file" in meta:
+        return meta
+    return None
+
+
+def _ref(path: Path, meta: dict[str, Any]) -> CaseRef:
+    names = frozenset(meta.get("tensors", {})) | frozenset(meta.get("aliases", {}))
+    model_dir = (path.parent / meta["model_dir_relative_to_this_file"]).resolve()
+    return CaseRef(meta.get("version", path.parent.parent.name), meta.get("case", path.stem),
+                   path, model_dir, names)
+
+
+def list_cases(root: Path | None = None) -> list[CaseRef]:
+    """Every case under `<root>/cosyvoice/*/cases/` (root: the fixtures), sorted by path."""
+    base = (root or fixtures_root()) / "cosyvoice"
+    refs = []
+    for path in sorted(base.glob("*/cases/*.json")):
+        meta = _manifest(path)
+        if meta is not None:
+            refs.append(_ref(path, meta))
+    return refs
+
+
+def load_case(ref: CaseRef | Path) -> Case:
+    """A case's manifest and tensors (from its json path or its CaseRef)."""
+    path = ref if isinstance(ref, Path) else ref.json_path
+    meta = _manifest(path)
+    if meta is None:
+        raise ValueError(f"{path} is not a case manifest")
+    tensors = load_file(str(path.parent / meta["tensor_file"]))
+    for name, stored in meta.get("aliases", {}).items():
+        tensors[name] = tensors[stored]
+    return Case(_ref(path, meta), meta, tensors)
