@@ -114,3 +114,38 @@ def load_case(ref: CaseRef | Path) -> Case:
     for name, stored in meta.get("aliases", {}).items():
         tensors[name] = tensors[stored]
     return Case(_ref(path, meta), meta, tensors)
+
+
+def assemble_model_dir(model_dir: Path, dest: Path) -> Path:
+    """A complete model directory in `dest`: the fixture model plus the front-end files it lacks.
+
+    Fixture model dirs hold only the yaml and llm/flow/hift; a real directory also holds the
+    speech tokenizer and CAM++ ONNX files (here the fixtures' random-weight ones), the
+    CosyVoice-BlankEN tokenizer files (v2/v3) and, for v1, Whisper's vocabulary. Files are
+    symlinked, so caches written beside them land in `dest`, never in the fixture tree.
+    """
+    from mizuoto.testing.fixtures import asset_path
+
+    dest.mkdir(parents=True, exist_ok=True)
+    for item in model_dir.iterdir():
+        if item.name == "CosyVoice-BlankEN":
+            (dest / item.name).mkdir(exist_ok=True)
+            for f in item.iterdir():
+                _link(f, dest / item.name / f.name)
+        elif not item.name.startswith("."):
+            _link(item, dest / item.name)
+    models = fixtures_root() / "frontend" / "models"
+    for onnx in sorted(models.glob("*.onnx")):
+        _link(onnx, dest / onnx.name)
+    blank_en = dest / "CosyVoice-BlankEN"
+    if blank_en.is_dir():
+        for name in ("vocab.json", "merges.txt", "tokenizer_config.json"):
+            _link(asset_path("cosyvoice", "CosyVoice-BlankEN", name), blank_en / name)
+    else:
+        _link(asset_path("whisper", "multilingual.tiktoken"), dest / "multilingual.tiktoken")
+    return dest
+
+
+def _link(src: Path, dst: Path) -> None:
+    if not dst.exists():
+        dst.symlink_to(src.resolve())

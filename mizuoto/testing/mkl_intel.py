@@ -67,6 +67,9 @@ def _reexec() -> None:
               "exact parity tests will fail on this CPU", file=sys.stderr)
         return
     env = dict(os.environ, **{_ENV_FLAG: "1"})
+    # Idle OpenMP threads sleep instead of spinning: same numerics, far less wall time on a busy
+    # 2-core machine; it must be set before torch starts its threads, which the re-exec allows.
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     env["LD_PRELOAD"] = ":".join(p for p in (str(lib), env.get("LD_PRELOAD", "")) if p)
     sys.stdout.flush()
     sys.stderr.flush()

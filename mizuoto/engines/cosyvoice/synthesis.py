@@ -80,55 +80,45 @@ def fade_in_out(fade_in: torch.Tensor, fade_out: torch.Tensor, window: np.ndarra
     return out
 
 
-# CosyVoice 3 drops runs of more than five of these FSQ silence/breath tokens (CosyVoice3Model.silent_tokens).
-V3_SILENT_TOKENS = frozenset({1, 2, 28, 29, 55, 248, 494, 2241, 2242, 2322, 2323})
-MAX_SILENT_RUN = 5
-
-
-def drop_long_silences(tokens: Iterable[int], silent: frozenset[int]) -> Iterator[int]:
-    """Yield tokens, skipping silent ones once more than MAX_SILENT_RUN occur in a row."""
-    run = 0
-    for tok in tokens:
-        if tok in silent:
-            run += 1
-            if run > MAX_SILENT_RUN:
-                continue
-        else:
-            run = 0
-        yield tok
-
-
 class Synthesizer:
     """Runs upstream's token2wav schedule for one generation over the LM, flow and vocoder stages."""
 
     def __init__(self, schedule: StreamSchedule, lm: LMStage | None, flow: FlowStage, hift: HiftStage,
-                 silent_tokens: frozenset[int] = frozenset(), on_tokens: Callable[[list[int]], None] | None = None):
+                 token_filter: Callable[[Iterable[int]], Iterator[int]] | None = None,
+                 on_tokens: Callable[[list[int]], None] | None = None, mel_bins: int = 80):
         self.schedule = schedule
         self.lm, self.flow, self.hift = lm, flow, hift
-        self.silent_tokens = silent_tokens
+        self.mel_bins = mel_bins
+        self.token_filter = token_filter  # v3 drops long silence runs before the flow
         self.on_tokens = on_tokens  # observer for tests and benchmarks: the final token list
         s = schedule
         self.speech_window = np.hamming(2 * s.source_cache_len) if s.source_cache_len else None
         self.mel_window = np.hamming(2 * s.mel_overlap_len) if s.mel_overlap_len else None
 
+    def _empty_inputs(self) -> dict[str, torch.Tensor]:
+        """What upstream's model.tts assumes for keys a mode leaves out: empty prompts."""
+        no_tokens = torch.zeros(1, 0, dtype=torch.int32)
+        return {"prompt_text": no_tokens, "llm_prompt_speech_token": no_tokens, "flow_prompt_speech_token": no_tokens,
+                "prompt_speech_feat": torch.zeros(1, 0, self.mel_bins), "llm_embedding": torch.zeros(0, 192),
+                "flow_embedding": torch.zeros(0, 192), "source_speech_token": no_tokens}
+
     # -- token source -------------------------------------------------------------------------
     def _tokens(self, inputs: dict[str, Any], generator: torch.Generator) -> Iterator[int]:
-        source = inputs.get("source_speech_token")
-        if source is not None and source.shape[1] > 0:
+        source = inputs["source_speech_token"]
+        if source.shape[1] > 0:
             yield from (int(t) for t in source.flatten().tolist())
             return
         if self.lm is None:
             raise InvalidRequest("this model has no LM stage; only voice conversion is possible")
-        empty_tok = torch.zeros(1, 0, dtype=torch.int32)
-        raw = self.lm(inputs["text"], inputs.get("prompt_text", empty_tok),
-                      inputs.get("llm_prompt_speech_token", empty_tok),
-                      inputs.get("llm_embedding", torch.zeros(0, 192)), generator)
-        yield from drop_long_silences(raw, self.silent_tokens) if self.silent_tokens else raw
+        raw = self.lm(inputs["text"], inputs["prompt_text"], inputs["llm_prompt_speech_token"],
+                      inputs["llm_embedding"], generator)
+        yield from self.token_filter(raw) if self.token_filter else raw
 
     # -- request ------------------------------------------------------------------------------
     def run(self, inputs: dict[str, Any], *, stream: bool, speed: float, lm_gen: torch.Generator,
             voc_gen: torch.Generator) -> Iterator[torch.Tensor]:
         """Yield float32 [1, N] audio chunks for one model input (upstream's model.tts)."""
+        inputs = {**self._empty_inputs(), **inputs}
         if stream and speed != 1.0:
             raise InvalidRequest("speed can only be changed without streaming (as upstream)")
         tokens = self._tokens(inputs, lm_gen)

@@ -1,0 +1,286 @@
+"""The CosyVoice engine plugin (v1, v2, v3): detection, loading, stages, voices and synthesis.
+
+A request runs as upstream's `inference_<mode>`: the text is normalized and split into
+segments, each segment becomes upstream's model input, and `synthesis.Synthesizer` runs the
+LM, flow and vocoder on it. Generators are made once per request and carried across
+segments, as upstream's global generator is.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import mizuoto.engines.cosyvoice.flow_dit  # noqa: F401  (registers the v3 flow builders)
+from mizuoto.engines.cosyvoice.flow import build_flow, load_flow_weights
+from mizuoto.engines.cosyvoice.frontend import CosyVoiceFrontend
+from mizuoto.engines.cosyvoice.hift import load_hift
+from mizuoto.engines.cosyvoice.llm import drop_silent_runs, load_lm
+from mizuoto.engines.cosyvoice.memory import frames_stage_memory, lm_stage_memory
+from mizuoto.engines.cosyvoice.noise import cosyvoice3_noise
+from mizuoto.engines.cosyvoice.synthesis import Synthesizer, request_generators, schedule_for
+from mizuoto.engines.cosyvoice.variants import Variant, find_variant, load_config
+from mizuoto.nn.vocoders.f0 import f0_device
+from mizuoto.runtime.engine import (MODES, AudioChunk, Capabilities, Engine, Model, Reference, Stage,
+                                    SynthesisRequest, Voice)
+from mizuoto.runtime.errors import InvalidRequest, ModelLoadError
+from mizuoto.runtime.options import LoadOptions
+
+log = logging.getLogger("mizuoto.cosyvoice")
+
+LANGUAGES = ("zh", "en", "ja", "ko", "yue")
+
+
+class CosyVoiceEngine(Engine):
+    """CosyVoice 1 (300M, -SFT, -Instruct), 2 (0.5B) and 3 (Fun-CosyVoice3-0.5B) model directories."""
+
+    name = "cosyvoice"
+    description = "Alibaba Tongyi CosyVoice v1/v2/v3: LLM + flow matching + HiFT, sample-identical to upstream on the CPU"
+    capabilities = Capabilities(modes=frozenset(MODES), sample_rate=24000, stream_out=True, stream_in=True,
+                                languages=LANGUAGES, voice_cache=True)
+
+    def detect(self, model_dir: Path) -> bool | str:
+        """"cosyvoice1|2|3" when the directory holds that generation's yaml."""
+        try:
+            variant = find_variant(model_dir)
+        except Exception:
+            return False
+        return f"cosyvoice{variant.version}" if variant else False
+
+    def load(self, model_dir: Path, options: Any) -> "CosyVoiceModel":
+        """Build every module from the yaml and load upstream's checkpoints."""
+        return CosyVoiceModel(Path(model_dir), options if options is not None else LoadOptions())
+
+
+class CosyVoiceModel(Model):
+    """One loaded CosyVoice directory."""
+
+    def __init__(self, model_dir: Path, options: LoadOptions):
+        if not model_dir.is_dir():
+            raise ModelLoadError(f"model directory not found: {model_dir}")
+        variant = find_variant(model_dir)
+        if variant is None:
+            raise ModelLoadError(f"{model_dir} holds no cosyvoice.yaml, cosyvoice2.yaml or cosyvoice3.yaml")
+        self.model_dir, self.variant, self.options = model_dir, variant, options.resolved()
+        if self.options.precision == "fp16" and torch.device(self.options.device).type != "cuda":
+            log.warning("fp16 runs only on CUDA (as upstream); %s runs in fp32", model_dir)
+        self.config = config = load_config(model_dir, variant)
+        self.sample_rate = int(config["sample_rate"])
+        device = torch.device(self.options.device)
+        self.llm = load_lm(model_dir, config)
+        self.flow = load_flow_weights(build_flow(config), model_dir / "flow.pt")
+        noise = cosyvoice3_noise(config) if variant.version == 3 else None
+        self.hift = load_hift(model_dir / "hift.pt", config, noise, device="cpu")
+        self.frontend = CosyVoiceFrontend(model_dir, variant, config, device="cpu")
+        self.presets, self.cached = self._read_spk2info(model_dir / "spk2info.pt")
+        self._voices_lock = threading.Lock()
+        flow_node = config["flow"]
+        self.schedule = schedule_for(variant.version, int(flow_node.get("input_frame_rate", 50)),
+                                     int(flow_node.get("token_mel_ratio", 1)),
+                                     int(flow_node.get("pre_lookahead_len", 0)), self.sample_rate)
+        self._audio_ok = not self.frontend.missing_files(need_audio=True)
+        self._text_ok = not self.frontend.missing_files(need_audio=False)
+        front_modules = {}
+        if self._audio_ok:
+            front_modules = {"speech_tokenizer": self.frontend.speech_tokenizer, "campplus": self.frontend.campplus}
+        fixed_hift = {"f0_predictor"} if variant.version == 3 and f0_device(device) != device else set()
+        self._stages = (
+            Stage("frontend", "frontend", front_modules, fixed={"campplus"} & set(front_modules)),
+            Stage("llm", "sequence", {"llm": self.llm}, memory=lm_stage_memory(self.llm)),
+            Stage("flow", "frames", {"flow": self.flow}, memory=frames_stage_memory(self.flow, self.sample_rate)),
+            Stage("hift", "frames", dict(self.hift.named_children()), fixed=fixed_hift,
+                  memory=frames_stage_memory(self.hift, self.sample_rate)),
+        )
+        self._caps = self._capabilities()
+
+    # -- contract ------------------------------------------------------------------------------
+    @property
+    def stages(self) -> tuple[Stage, ...]:
+        return self._stages
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._caps
+
+    def _capabilities(self) -> Capabilities:
+        modes = set()
+        if self._text_ok:
+            if self.presets:
+                modes.add("preset")
+                if self.variant.instruct_mode == "instruct":
+                    modes.add("instruct")
+            if self._audio_ok or self.cached:
+                modes |= {"clone", "cross_lingual"}
+                if self.variant.instruct_mode == "instruct2":
+                    modes.add("instruct")
+        if self._audio_ok:
+            modes.add("vc")
+        if not modes:
+            missing = ", ".join(self.frontend.missing_files(need_audio=True))
+            raise ModelLoadError(f"{self.model_dir} can serve no mode: it lacks {missing}")
+        return Capabilities(modes=frozenset(modes), sample_rate=self.sample_rate, stream_out=True,
+                            stream_in=self.variant.version >= 2 and bool(modes & {"clone", "instruct"}),
+                            languages=LANGUAGES, voice_cache=self._audio_ok)
+
+    def voices(self) -> list[Voice]:
+        with self._voices_lock:
+            return [Voice(k, "preset") for k in self.presets] + [Voice(k, "cached") for k in self.cached]
+
+    def add_voice(self, voice_id: str, ref_audio: Any, ref_text: str | None = None) -> Voice:
+        """Compute a voice prompt once (upstream's add_zero_shot_spk) and keep it under `voice_id`."""
+        if not isinstance(voice_id, str) or not voice_id:
+            raise InvalidRequest("voice id must be a non-empty string")
+        if voice_id in self.presets:
+            raise InvalidRequest(f"{voice_id!r} is a preset voice of this model; choose another id")
+        if not self._audio_ok:
+            raise InvalidRequest(f"{self.model_dir} cannot take voices from audio: it lacks "
+                                 f"{', '.join(self.frontend.missing_files(need_audio=True))}")
+        with self.use("frontend"):
+            prompt = self.frontend.voice_prompt(ref_audio, ref_text)
+        with self._voices_lock:
+            self.cached[voice_id] = prompt
+        self._caps = self._capabilities()
+        return Voice(voice_id, "cached")
+
+    def close(self) -> None:
+        self.llm = self.flow = self.hift = None
+
+    # -- spk2info ------------------------------------------------------------------------------
+    @staticmethod
+    def _read_spk2info(path: Path) -> tuple[dict[str, dict], dict[str, dict]]:
+        if not path.is_file():
+            return {}, {}
+        try:
+            info = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise ModelLoadError(f"cannot read {path}: {type(exc).__name__}: {exc}") from None
+        if not isinstance(info, dict):
+            raise ModelLoadError(f"{path} is not a speaker table")
+        presets, cached = {}, {}
+        for spk, entry in info.items():
+            if not isinstance(entry, dict) or "embedding" not in entry and "flow_embedding" not in entry:
+                raise ModelLoadError(f"{path}: speaker {spk!r} has no embedding")
+            # upstream's add_zero_shot_spk stores a whole prompt; SFT speakers only an embedding
+            (cached if "flow_prompt_speech_token" in entry else presets)[str(spk)] = entry
+        return presets, cached
+
+    # -- synthesis -----------------------------------------------------------------------------
+    def synthesize(self, request: SynthesisRequest) -> Iterator[AudioChunk]:
+        mode = request.mode
+        if mode not in self._caps.modes:
+            raise InvalidRequest(f"mode {mode!r} is not available for {self.model_dir.name} "
+                                 f"(available: {', '.join(sorted(self._caps.modes))})")
+        if request.stream and request.speed != 1.0:
+            raise InvalidRequest("speed can only be changed without streaming (as upstream)")
+        if request.text_streamed and (self.variant.version < 2 or mode not in ("clone", "instruct")):
+            raise InvalidRequest("streaming text in needs CosyVoice 2/3 in clone or instruct mode")
+        inputs = self._inputs(request)  # everything that can fail on bad input, before any audio
+        seed = request.seed if request.seed is not None else int(torch.randint(0, 2**31 - 1, (1,)))
+        lm_gen, voc_gen = request_generators(seed, request.stream, mode != "vc")
+        return self._chunks(self.synthesizer(with_lm=mode != "vc"), inputs, request, lm_gen, voc_gen)
+
+    def synthesizer(self, with_lm: bool = True) -> Synthesizer:
+        """The request runner over this model's stages (upstream's model.tts for one model input)."""
+        return Synthesizer(self.schedule, self._lm_stage if with_lm else None, self._flow_stage,
+                           self._hift_stage, drop_silent_runs if self.variant.version == 3 else None,
+                           mel_bins=self.flow.output_size)
+
+    def _chunks(self, synth: Synthesizer, inputs: Iterator[dict], request: SynthesisRequest,
+                lm_gen: torch.Generator, voc_gen: torch.Generator) -> Iterator[AudioChunk]:
+        pending, index = None, 0
+        for model_input in inputs:
+            for audio in synth.run(model_input, stream=request.stream, speed=request.speed,
+                                   lm_gen=lm_gen, voc_gen=voc_gen):
+                if pending is not None:
+                    yield AudioChunk(pending, self.sample_rate, index, False)
+                    index += 1
+                pending = audio[0].float().contiguous()
+        if pending is None:
+            pending = torch.zeros(0)
+        yield AudioChunk(pending, self.sample_rate, index, True)
+
+    def _voice(self, request: SynthesisRequest, need_text: bool) -> dict[str, torch.Tensor]:
+        voice = request.voice
+        if isinstance(voice, Reference):
+            if not self._audio_ok:
+                raise InvalidRequest(f"{self.model_dir} cannot take voices from audio: it lacks "
+                                     f"{', '.join(self.frontend.missing_files(need_audio=True))}")
+            with self.use("frontend"):
+                return self.frontend.voice_prompt(voice.audio, voice.text if need_text else None)
+        with self._voices_lock:
+            if voice in self.presets:
+                return self.presets[voice]
+            if voice in self.cached:
+                return self.cached[voice]
+        raise InvalidRequest(f"unknown voice {voice!r} for {self.model_dir.name}")
+
+    def _inputs(self, request: SynthesisRequest) -> Iterator[dict]:
+        """Model inputs, one per text segment; the voice and text are checked before returning."""
+        mode = request.mode
+        if mode == "vc":
+            prompt = self._voice(request, need_text=False)
+            if "flow_prompt_speech_token" not in prompt:
+                raise InvalidRequest("voice conversion needs a reference voice, not a preset speaker")
+            with self.use("frontend"):
+                source = self.frontend.speech_tokens(request.source_audio)
+            keep = ("flow_prompt_speech_token", "prompt_speech_feat", "flow_embedding")
+            return iter([{**{k: prompt[k] for k in keep}, "source_speech_token": source}])
+        is_preset = isinstance(request.voice, str) and request.voice in self.presets
+        if mode in ("preset", "instruct") and self.variant.instruct_mode == "instruct" and not is_preset:
+            raise InvalidRequest(f"CosyVoice 1 {mode} mode needs a preset voice (one of: "
+                                 f"{', '.join(self.presets) or 'none'})")
+        if mode == "preset" and not is_preset:
+            raise InvalidRequest(f"{request.voice!r} is not a preset voice of this model")
+        prompt = self._voice(request, need_text=mode == "clone")
+        if mode in ("clone", "cross_lingual", "instruct") and self.variant.instruct_mode == "instruct2" \
+                and "flow_prompt_speech_token" not in prompt:
+            raise InvalidRequest(f"mode {mode!r} on CosyVoice {self.variant.version} needs a reference "
+                                 "or cached voice, not a preset speaker")
+        if mode == "clone" and "prompt_text" not in prompt:
+            raise InvalidRequest("clone mode needs the reference text; use cross_lingual without it")
+        if request.text_streamed:
+            text = self.frontend.streamed_tokens(iter(request.text))
+            return iter([self.frontend.model_input(mode, text, prompt, request.instruct)])
+        segments = self.frontend.segments(request.text)
+        if mode == "cross_lingual" and self.variant.version == 3:
+            segments = [self.frontend.with_system_prompt(s) for s in segments]
+        return (self.frontend.model_input(mode, self.frontend.tokens(s), prompt, request.instruct)
+                for s in segments)
+
+    # -- stage callables (device moves happen inside `use`) -------------------------------------
+    def _lm_stage(self, text: Any, prompt_text: torch.Tensor, prompt_speech_token: torch.Tensor,
+                  embedding: torch.Tensor, generator: torch.Generator) -> Iterator[int]:
+        kv = self.options.compute.kv_cache
+        if isinstance(text, torch.Tensor):
+            tokens = self.llm.generate(text, prompt_text, prompt_speech_token, generator=generator,
+                                       embedding=embedding, cache=kv)
+        else:
+            tokens = self.llm.generate_bistream(text, prompt_text, prompt_speech_token, generator=generator)
+        while True:
+            with self.use("llm"):
+                token = next(tokens, None)
+            if token is None:
+                return
+            yield token
+
+    def _flow_stage(self, token, prompt_token, prompt_feat, embedding, *, streaming, finalize, cache, generator):
+        with self.use("flow") as device:
+            args = [t.to(device) for t in (token, prompt_token, prompt_feat, embedding)]
+            if self.variant.version == 1:
+                mel, cache = self.flow.inference(*args, flow_cache=cache, generator=generator)
+            else:
+                mel = self.flow.inference(*args, streaming=streaming, finalize=finalize)
+            return mel.cpu(), cache
+
+    def _hift_stage(self, mel, *, cache_source, finalize, generator):
+        with self.use("hift") as device:
+            if self.variant.version == 3:
+                speech, source = self.hift.inference(mel.to(device), finalize=finalize)
+            else:
+                speech, source = self.hift.inference(mel.to(device), cache_source.to(device), generator=generator)
+            return speech.cpu(), source.cpu()

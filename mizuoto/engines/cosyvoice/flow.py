@@ -1,0 +1,334 @@
+"""CosyVoice's flow stage: speech tokens (+ voice prompt) -> mel; v1 and v2 here.
+
+`build_flow(config)` reads the yaml's `flow` node (HyperPyYAML tags read as data) and builds
+the matching wrapper; `load_flow_weights` loads `flow.pt` by upstream's key names. Flow classes
+and estimators are looked up by their yaml class name in FLOWS / ESTIMATORS, so another
+generation plugs in by registering its builders there (CosyVoice 3's DiT: flow_dit.py).
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mizuoto.nn.flow.cfm import FIXED_NOISE_SHAPE, ConditionalCFM
+from mizuoto.nn.flow.length_regulator import InterpolateRegulator, mel_frames_for_tokens
+from mizuoto.nn.flow.unet1d import ConditionalDecoder
+from mizuoto.nn.transformer.masks import make_pad_mask
+from mizuoto.nn.transformer.upsample import UpsampleConformerEncoder
+from mizuoto.nn.transformer.wenet import ConformerEncoder
+from mizuoto.runtime.errors import InvalidRequest, ModelLoadError
+from mizuoto.runtime.hyperyaml import Tagged
+
+N_TIMESTEPS = 10  # upstream's flow.inference always asks the decoder for 10 Euler steps
+# CosyVoice 1 streams 100-token chunks overlapping by 20 tokens (cli/model.py token_overlap_len);
+# its flow stretches those overlaps to whole mel frames and caches their noise.
+V1_OVERLAP_TOKENS = 20
+
+
+class XvecFlow(nn.Module):
+    """What every CosyVoice flow shares: token embedding and the x-vector projection."""
+
+    def __init__(self, vocab_size: int, input_size: int, output_size: int, spk_embed_dim: int,
+                 input_frame_rate: int):
+        super().__init__()
+        self.input_size = input_size
+        self.output_size = output_size
+        self.input_frame_rate = input_frame_rate
+        self.input_embedding = nn.Embedding(vocab_size, input_size)
+        self.spk_embed_affine_layer = nn.Linear(spk_embed_dim, output_size)
+
+    def speaker(self, embedding: torch.Tensor) -> torch.Tensor:
+        """(1, spk_embed_dim) x-vector -> (1, output_size), normalized first as upstream."""
+        return self.spk_embed_affine_layer(F.normalize(embedding, dim=1))
+
+    def embed_tokens(self, prompt_token: torch.Tensor, token: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """Prompt tokens then target tokens -> (1, P + N, input_size)."""
+        token = torch.concat([prompt_token, token], dim=1)
+        length = torch.tensor([token.shape[1]], dtype=torch.int32, device=token.device)
+        mask = (~make_pad_mask(length)).unsqueeze(-1).to(like)
+        return self.input_embedding(torch.clamp(token, min=0)) * mask
+
+    def conditions(self, prompt_feat: torch.Tensor, frames: int, like: torch.Tensor) -> torch.Tensor:
+        """(1, output_size, frames): the prompt's mel in front, zeros after."""
+        conds = torch.zeros([1, frames, self.output_size], device=like.device).to(like.dtype)
+        conds[:, :prompt_feat.shape[1]] = prompt_feat
+        return conds.transpose(1, 2)
+
+    @staticmethod
+    def full_mask(frames: int, like: torch.Tensor) -> torch.Tensor:
+        """(1, 1, frames) ones in like's dtype."""
+        return (~make_pad_mask(torch.tensor([frames]))).to(like).unsqueeze(1)
+
+    def check_frames(self, frames: int) -> None:
+        """A request longer than the fixed noise buffer (v2/v3) is refused, as upstream cannot run it."""
+        if getattr(self.decoder, "fixed", False) and frames > FIXED_NOISE_SHAPE[2]:
+            raise InvalidRequest(f"prompt and speech together make {frames} mel frames; the flow "
+                                 f"handles at most {FIXED_NOISE_SHAPE[2]} at once")
+
+    @staticmethod
+    def check_request(token: torch.Tensor, prompt_feat: torch.Tensor, embedding: torch.Tensor) -> None:
+        """Batch-1 shapes, as upstream's flow supports."""
+        if token.dim() != 2 or token.shape[0] != 1:
+            raise InvalidRequest(f"flow tokens must be shaped (1, N), got {tuple(token.shape)}")
+        if prompt_feat.dim() != 3 or prompt_feat.shape[0] != 1:
+            raise InvalidRequest(f"prompt mel must be shaped (1, frames, mels), got {tuple(prompt_feat.shape)}")
+        if embedding.dim() != 2 or embedding.shape[0] != 1:
+            raise InvalidRequest(f"speaker embedding must be shaped (1, dim), got {tuple(embedding.shape)}")
+
+
+class CausalMaskedDiffWithXvec(XvecFlow):
+    """CosyVoice 2's flow: upsampling conformer, causal U-Net, fixed noise, chunked streaming."""
+
+    def __init__(self, vocab_size: int, input_size: int, output_size: int, spk_embed_dim: int,
+                 input_frame_rate: int, token_mel_ratio: int, pre_lookahead_len: int,
+                 encoder: nn.Module, decoder: ConditionalCFM):
+        super().__init__(vocab_size, input_size, output_size, spk_embed_dim, input_frame_rate)
+        self.token_mel_ratio = token_mel_ratio
+        self.pre_lookahead_len = pre_lookahead_len
+        self.encoder = encoder
+        self.encoder_proj = nn.Linear(encoder.output_size(), output_size)
+        self.decoder = decoder
+
+    @torch.inference_mode()
+    def inference(self, token: torch.Tensor, prompt_token: torch.Tensor, prompt_feat: torch.Tensor,
+                  embedding: torch.Tensor, streaming: bool = False, finalize: bool = True) -> torch.Tensor:
+        """Mel (1, output_size, frames) for `token`, the prompt's frames cut off.
+
+        finalize=False: the last pre_lookahead_len tokens only serve as look-ahead (a streaming
+        chunk that more tokens will follow); streaming=True: chunked attention.
+        """
+        self.check_request(token, prompt_feat, embedding)
+        spks = self.speaker(embedding)
+        xs = self.embed_tokens(prompt_token, token, spks)
+        xs_lens = torch.tensor([xs.shape[1]], dtype=torch.int32, device=xs.device)
+        if finalize:
+            h, _ = self.encoder(xs, xs_lens, streaming=streaming)
+        else:
+            xs, context = xs[:, :-self.pre_lookahead_len], xs[:, -self.pre_lookahead_len:]
+            h, _ = self.encoder(xs, xs_lens, context=context, streaming=streaming)
+        mel_len1, mel_len2 = prompt_feat.shape[1], h.shape[1] - prompt_feat.shape[1]
+        self.check_frames(h.shape[1])
+        h = self.encoder_proj(h)
+        conds = self.conditions(prompt_feat, mel_len1 + mel_len2, h)
+        mask = self.full_mask(mel_len1 + mel_len2, h)
+        feat = self.decoder(mu=h.transpose(1, 2).contiguous(), mask=mask, spks=spks, cond=conds,
+                            n_timesteps=N_TIMESTEPS, streaming=streaming)
+        return feat[:, :, mel_len1:].float()
+
+
+class MaskedDiffWithXvec(XvecFlow):
+    """CosyVoice 1's flow: conformer, length regulator to the mel rate, U-Net, per-request noise."""
+
+    def __init__(self, vocab_size: int, input_size: int, output_size: int, spk_embed_dim: int,
+                 input_frame_rate: int, mel_sample_rate: int, mel_hop_length: int,
+                 encoder: nn.Module, length_regulator: InterpolateRegulator, decoder: ConditionalCFM):
+        super().__init__(vocab_size, input_size, output_size, spk_embed_dim, input_frame_rate)
+        self.mel_sample_rate = mel_sample_rate
+        self.mel_hop_length = mel_hop_length
+        self.encoder = encoder
+        self.encoder_proj = nn.Linear(encoder.output_size(), output_size)
+        self.decoder = decoder  # registered before the regulator: upstream's key order
+        self.length_regulator = length_regulator
+
+    def mel_frames(self, tokens: int) -> int:
+        """Mel frames upstream generates for `tokens` tokens."""
+        return mel_frames_for_tokens(tokens, self.input_frame_rate, self.mel_sample_rate, self.mel_hop_length)
+
+    def empty_cache(self) -> torch.Tensor:
+        """The streaming cache a request starts with."""
+        return torch.zeros(1, self.output_size, 0, 2)
+
+    @torch.inference_mode()
+    def inference(self, token: torch.Tensor, prompt_token: torch.Tensor, prompt_feat: torch.Tensor,
+                  embedding: torch.Tensor, flow_cache: torch.Tensor | None = None,
+                  generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mel (1, output_size, frames), next flow_cache); noise drawn from `generator`."""
+        self.check_request(token, prompt_feat, embedding)
+        if flow_cache is None:
+            flow_cache = self.empty_cache()
+        spks = self.speaker(embedding)
+        token_len1, token_len2 = prompt_token.shape[1], token.shape[1]
+        xs = self.embed_tokens(prompt_token, token, spks)
+        xs_lens = torch.tensor([xs.shape[1]], dtype=torch.int32, device=xs.device)
+        h, _ = self.encoder(xs, xs_lens)
+        h = self.encoder_proj(h)
+        mel_len1, mel_len2 = prompt_feat.shape[1], self.mel_frames(token_len2)
+        h = self.length_regulator.inference(h[:, :token_len1], h[:, token_len1:], mel_len1, mel_len2,
+                                            V1_OVERLAP_TOKENS, self.mel_frames(V1_OVERLAP_TOKENS))
+        conds = self.conditions(prompt_feat, mel_len1 + mel_len2, h)
+        mask = self.full_mask(mel_len1 + mel_len2, h)
+        feat, flow_cache = self.decoder.forward_cached(
+            mu=h.transpose(1, 2).contiguous(), mask=mask, n_timesteps=N_TIMESTEPS, spks=spks,
+            cond=conds, prompt_len=mel_len1, cache=flow_cache.to(h), generator=generator)
+        return feat[:, :, mel_len1:].float(), flow_cache
+
+
+# ---- building from the yaml ------------------------------------------------------------------
+
+# Options upstream accepts that change nothing here: training switches, and the conformer
+# convolution module's settings (the module itself is refused when switched on).
+_IGNORED_KWARGS = {"gradient_checkpointing", "global_cmvn", "positionwise_conv_kernel_size",
+                   "cnn_module_kernel", "cnn_module_norm", "causal"}
+
+
+def _node(value: Any, where: str) -> Tagged:
+    if not isinstance(value, Tagged):
+        raise ModelLoadError(f"yaml: {where} must be a !new: node, got {type(value).__name__}")
+    return value
+
+
+def construct(cls: type, node: Tagged, where: str, **extra: Any) -> Any:
+    """cls(**node's kwargs, **extra); a kwarg cls does not know is a clear ModelLoadError."""
+    kwargs = {k: v for k, v in node.kwargs.items() if k not in _IGNORED_KWARGS}
+    kwargs.update(extra)
+    params = inspect.signature(cls).parameters
+    unknown = sorted(k for k in kwargs if k not in params)
+    if unknown:
+        raise ModelLoadError(f"yaml: {where} ({node.cls}) has options Mizuoto does not support: {', '.join(unknown)}")
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError, NotImplementedError) as exc:
+        raise ModelLoadError(f"yaml: cannot build {where} ({node.cls}): {exc}") from None
+
+
+def _conformer(node: Tagged, flow: Tagged) -> nn.Module:
+    return construct(ConformerEncoder, node, "flow.encoder")
+
+
+def _upsample_conformer(node: Tagged, flow: Tagged) -> nn.Module:
+    return construct(UpsampleConformerEncoder, node, "flow.encoder",
+                     pre_lookahead_len=flow.get("pre_lookahead_len", 3),
+                     upsample_stride=flow.get("token_mel_ratio", 2))
+
+
+def _unet(node: Tagged) -> nn.Module:
+    return construct(ConditionalDecoder, node, "flow.decoder.estimator")
+
+
+def _causal_unet(node: Tagged) -> nn.Module:
+    return construct(ConditionalDecoder, node, "flow.decoder.estimator", causal=True)
+
+
+ENCODERS: dict[str, Callable[[Tagged, Tagged], nn.Module]] = {
+    "ConformerEncoder": _conformer,
+    "UpsampleConformerEncoder": _upsample_conformer,
+}
+ESTIMATORS: dict[str, Callable[[Tagged], nn.Module]] = {
+    "ConditionalDecoder": _unet,
+    "CausalConditionalDecoder": _causal_unet,
+}
+# CFM class -> whether its noise is upstream's fixed seed-0 buffer.
+CFM_CLASSES = {"ConditionalCFM": False, "CausalConditionalCFM": True}
+
+
+def build_cfm(node: Tagged, overlap_frames: int | None = None) -> ConditionalCFM:
+    """The flow-matching decoder of a `flow.decoder` node, with its estimator."""
+    if node.cls not in CFM_CLASSES:
+        raise ModelLoadError(f"yaml: flow.decoder class {node.cls} is not supported (known: {sorted(CFM_CLASSES)})")
+    params = node.get("cfm_params")
+    content = params.get("content", params.kwargs) if isinstance(params, Tagged) else params
+    if not isinstance(content, dict):
+        raise ModelLoadError("yaml: flow.decoder.cfm_params is missing")
+    if content.get("solver", "euler") != "euler":
+        raise ModelLoadError(f"yaml: flow solver {content['solver']!r} is not supported (euler)")
+    estimator_node = _node(node.get("estimator"), "flow.decoder.estimator")
+    if estimator_node.cls not in ESTIMATORS:
+        raise ModelLoadError(f"yaml: flow estimator {estimator_node.cls} is not supported (known: {sorted(ESTIMATORS)})")
+    try:
+        return ConditionalCFM(ESTIMATORS[estimator_node.cls](estimator_node),
+                              inference_cfg_rate=float(content.get("inference_cfg_rate", 0.7)),
+                              t_scheduler=content.get("t_scheduler", "cosine"),
+                              fixed=CFM_CLASSES[node.cls], overlap_frames=overlap_frames)
+    except ValueError as exc:
+        raise ModelLoadError(f"yaml: flow.decoder: {exc}") from None
+
+
+def _encoder(flow: Tagged) -> nn.Module:
+    node = _node(flow.get("encoder"), "flow.encoder")
+    if node.cls not in ENCODERS:
+        raise ModelLoadError(f"yaml: flow encoder {node.cls} is not supported (known: {sorted(ENCODERS)})")
+    return ENCODERS[node.cls](node, flow)
+
+
+def _build_causal_xvec(config: dict) -> nn.Module:
+    flow = config["flow"]
+    return CausalMaskedDiffWithXvec(
+        vocab_size=flow.get("vocab_size", 4096), input_size=flow.get("input_size", 512),
+        output_size=flow.get("output_size", 80), spk_embed_dim=flow.get("spk_embed_dim", 192),
+        input_frame_rate=flow.get("input_frame_rate", 50), token_mel_ratio=flow.get("token_mel_ratio", 2),
+        pre_lookahead_len=flow.get("pre_lookahead_len", 3), encoder=_encoder(flow),
+        decoder=build_cfm(_node(flow.get("decoder"), "flow.decoder")))
+
+
+def _build_xvec(config: dict) -> nn.Module:
+    flow = config["flow"]
+    feat = config.get("feat_extractor")
+    if not isinstance(feat, Tagged) or "sampling_rate" not in feat.kwargs or "hop_size" not in feat.kwargs:
+        raise ModelLoadError("yaml: feat_extractor with sampling_rate and hop_size is needed for the v1 mel rate")
+    frame_rate = flow.get("input_frame_rate", 50)
+    overlap_frames = mel_frames_for_tokens(V1_OVERLAP_TOKENS, frame_rate, feat["sampling_rate"], feat["hop_size"])
+    regulator = construct(InterpolateRegulator, _node(flow.get("length_regulator"), "flow.length_regulator"),
+                          "flow.length_regulator")
+    return MaskedDiffWithXvec(
+        vocab_size=flow.get("vocab_size", 4096), input_size=flow.get("input_size", 512),
+        output_size=flow.get("output_size", 80), spk_embed_dim=flow.get("spk_embed_dim", 192),
+        input_frame_rate=frame_rate, mel_sample_rate=feat["sampling_rate"], mel_hop_length=feat["hop_size"],
+        encoder=_encoder(flow), length_regulator=regulator,
+        decoder=build_cfm(_node(flow.get("decoder"), "flow.decoder"), overlap_frames))
+
+
+FLOWS: dict[str, Callable[[dict], nn.Module]] = {
+    "CausalMaskedDiffWithXvec": _build_causal_xvec,
+    "MaskedDiffWithXvec": _build_xvec,
+}
+
+
+def build_flow(config: dict) -> nn.Module:
+    """The flow module a parsed yaml (load_hyperyaml) describes, with untrained weights, in eval mode."""
+    flow = _node(config.get("flow"), "flow")
+    if flow.cls not in FLOWS:
+        raise ModelLoadError(f"yaml: flow class {flow.cls} is not supported (known: {sorted(FLOWS)})")
+    return FLOWS[flow.cls](config).eval()
+
+
+def load_flow(model_dir: str | Path, config: dict) -> nn.Module:
+    """The flow of an upstream model directory: built from its parsed yaml, flow.pt loaded strictly."""
+    return load_flow_weights(build_flow(config), Path(model_dir) / "flow.pt")
+
+
+def load_flow_weights(module: nn.Module, path: str | Path) -> nn.Module:
+    """Load upstream's flow.pt into `module` strictly: every key present, nothing extra, same shapes."""
+    path = Path(path)
+    if not path.is_file():
+        raise ModelLoadError(f"flow weights not found: {path}")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # a truncated or foreign file fails in many ways inside torch.load
+        raise ModelLoadError(f"cannot read {path}: {type(exc).__name__}: {exc}") from None
+    if not isinstance(state, dict):
+        raise ModelLoadError(f"{path} does not hold a state dict")
+    expected = module.state_dict()
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    if missing or unexpected:
+        def names(keys: list[str]) -> str:
+            return ", ".join(keys[:5]) + (f" (+{len(keys) - 5} more)" if len(keys) > 5 else "")
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} missing key(s): {names(missing)}")
+        if unexpected:
+            parts.append(f"{len(unexpected)} unexpected key(s): {names(unexpected)}")
+        raise ModelLoadError(f"{path} does not match the yaml's flow: " + "; ".join(parts))
+    for key, tensor in expected.items():
+        if tuple(state[key].shape) != tuple(tensor.shape):
+            raise ModelLoadError(f"{path}: {key} has shape {tuple(state[key].shape)}, "
+                                 f"the yaml's flow needs {tuple(tensor.shape)}")
+    assert len(state) == len(expected)
+    module.load_state_dict(state, strict=True)
+    return module

@@ -1,0 +1,242 @@
+"""CosyVoice's front end: text to token ids, reference audio to a voice prompt, modes to model input.
+
+The model input is the dict upstream's `frontend_<mode>` returns (minus the `*_len` keys that
+`model.tts` ignores), so a request can be checked against upstream case by case. Every heavy
+part (text normalizer, tokenizers, speech tokenizer, CAM++) loads on first use, so a model
+directory that lacks, say, the ONNX files still serves the modes that do not need them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from mizuoto.engines.cosyvoice.variants import ENDOFPROMPT, Variant
+from mizuoto.nn.dsp.kaldi import kaldi_fbank, mean_normalize
+from mizuoto.nn.dsp.mel import MatchaMelConfig, matcha_mel, whisper_log_mel
+from mizuoto.nn.dsp.wav import load_wav
+from mizuoto.runtime.assets import resource_dir
+from mizuoto.runtime.errors import AudioError, InvalidRequest, ModelLoadError
+
+SPEECH_TOKEN_RATE = 16000   # the speech tokenizer and CAM++ listen at 16 kHz
+PROMPT_MEL_RATE = 24000     # upstream computes the prompt mel at 24 kHz for every generation
+MAX_PROMPT_SECONDS = 30     # upstream: "do not support extract speech token for audio longer than 30s"
+WHISPER_MELS = 128          # the speech tokenizer's input: Whisper log-mel, 128 bins (v1-v3)
+FBANK_BINS = 80
+WHISPER_TIKTOKEN = "multilingual.tiktoken"
+BLANK_EN = "CosyVoice-BlankEN"
+CAMPPLUS = "campplus.onnx"
+
+Audio = Any  # a path, bytes, or (samples, sample_rate)
+
+
+def _whisper_candidates() -> list[Path]:
+    # An installed openai-whisper ships the vocabulary in its assets folder; found without importing it.
+    spec = importlib.util.find_spec("whisper")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    return [Path(loc) / "assets" for loc in spec.submodule_search_locations]
+
+
+class CosyVoiceFrontend:
+    """Text and voice-prompt processing for one CosyVoice model directory."""
+
+    def __init__(self, model_dir: Path, variant: Variant, config: dict, device: torch.device | str = "cpu",
+                 progress: Callable | None = None):
+        self.model_dir = Path(model_dir)
+        self.variant = variant
+        self.config = config
+        self.device = torch.device(device)
+        self.progress = progress
+        feat = config.get("feat_extractor")
+        if feat is None:
+            raise ModelLoadError(f"{self.model_dir / variant.yaml_name}: no feat_extractor (the prompt mel settings)")
+        self.mel_config = MatchaMelConfig.from_kwargs(feat.kwargs)
+        self._lock = threading.Lock()
+        self._parts: dict[str, Any] = {}
+
+    # -- lazily loaded parts -------------------------------------------------------------------
+    def _part(self, name: str, make: Callable[[], Any]) -> Any:
+        with self._lock:
+            if name not in self._parts:
+                self._parts[name] = make()
+            return self._parts[name]
+
+    def missing_files(self, need_audio: bool) -> list[str]:
+        """Files this directory lacks for text (and, with need_audio, voice-prompt) processing."""
+        missing = []
+        if self.variant.text_tokenizer == "qwen":
+            for name in ("vocab.json", "merges.txt"):
+                if not (self.model_dir / BLANK_EN / name).is_file():
+                    missing.append(f"{BLANK_EN}/{name}")
+        if need_audio:
+            for name in (self.variant.speech_tokenizer, CAMPPLUS):
+                if not (self.model_dir / name).is_file():
+                    missing.append(name)
+        return missing
+
+    @property
+    def tokenizer(self):
+        """The model's text tokenizer (Qwen2 BPE for v2/v3, Whisper tiktoken for v1)."""
+        def make():
+            from mizuoto.text.tokenize import QwenTokenizer, WhisperTokenizer
+
+            if self.variant.text_tokenizer == "whisper":
+                folder = resource_dir("whisper", [self.model_dir, *_whisper_candidates()])
+                return WhisperTokenizer.from_file(folder / WHISPER_TIKTOKEN)
+            blank_en = self.model_dir / BLANK_EN
+            missing = [n for n in ("vocab.json", "merges.txt") if not (blank_en / n).is_file()]
+            if missing:
+                raise ModelLoadError(f"{blank_en} lacks the tokenizer files {', '.join(missing)}")
+            version = self.config.get("get_tokenizer").get("version", "cosyvoice2") \
+                if self.config.get("get_tokenizer") is not None else "cosyvoice2"
+            return QwenTokenizer.from_dir(blank_en, version=version)
+        return self._part("tokenizer", make)
+
+    @property
+    def text_frontend(self):
+        """Upstream's text_normalize over the wetext FSTs (the shared resource cosyvoice/wetext)."""
+        def make():
+            from mizuoto.text.normalize import TextFrontend, WetextNormalizer, default_fst_dir
+
+            return TextFrontend(WetextNormalizer(default_fst_dir()), self.tokenizer.encode)
+        return self._part("text_frontend", make)
+
+    @property
+    def speech_tokenizer(self):
+        """The S3 speech tokenizer of this generation, built from its ONNX file."""
+        def make():
+            from mizuoto.nn.codecs import S3Tokenizer
+
+            path = self.model_dir / self.variant.speech_tokenizer
+            if not path.is_file():
+                raise ModelLoadError(f"{path} is missing: voice prompts from audio need it")
+            return S3Tokenizer.from_onnx(path, self.progress).to(self.device).eval()
+        return self._part("speech_tokenizer", make)
+
+    @property
+    def campplus(self):
+        """CAM++ speaker encoder; always on the CPU, as upstream's onnxruntime CPU session."""
+        def make():
+            from mizuoto.nn.speaker import CAMPPlus
+
+            path = self.model_dir / CAMPPLUS
+            if not path.is_file():
+                raise ModelLoadError(f"{path} is missing: voice prompts from audio need it")
+            return CAMPPlus.from_onnx(path, self.progress).eval()
+        return self._part("campplus", make)
+
+    # -- text ----------------------------------------------------------------------------------
+    def segments(self, text: str) -> list[str]:
+        """Upstream's normalized sentence segments of `text`; an error when nothing speakable is left."""
+        segments = self.text_frontend.text_normalize(text, split=True)
+        if not segments:
+            raise InvalidRequest(f"text has nothing to speak after normalization: {text[:60]!r}")
+        return segments
+
+    def normalize(self, text: str) -> str:
+        """Upstream's normalized text without splitting (prompt and instruct texts)."""
+        return self.text_frontend.text_normalize(text, split=False)
+
+    def tokens(self, text: str) -> torch.Tensor:
+        """[1, T] int32 text token ids."""
+        return torch.tensor([self.tokenizer.encode(text)], dtype=torch.int32)
+
+    def streamed_tokens(self, pieces: Iterator[str]) -> Iterator[torch.Tensor]:
+        """Token ids of streamed text, one [1, 1] tensor at a time, as upstream's bistream input."""
+        for piece in pieces:
+            if not isinstance(piece, str):
+                raise InvalidRequest(f"streamed text pieces must be strings, got {type(piece).__name__}")
+            for token in self.tokenizer.encode(piece):
+                yield torch.tensor([[token]], dtype=torch.int32)
+
+    def with_system_prompt(self, text: str) -> str:
+        """v3 prompts must carry <|endofprompt|>; prepend the system prompt when they lack it."""
+        if self.variant.system_prompt and ENDOFPROMPT not in text:
+            return self.variant.system_prompt + text
+        return text
+
+    def instruct_prompt(self, instruct: str) -> str:
+        """An instruction as the models were trained on it: ending in <|endofprompt|> (v3: after its system prompt).
+
+        Text carrying the marker is not normalized, as upstream skips `<|...|>` text.
+        """
+        if ENDOFPROMPT in instruct:
+            return instruct
+        prefix = self.variant.system_prompt.replace(ENDOFPROMPT, " ") if self.variant.system_prompt else ""
+        return prefix + instruct + ENDOFPROMPT
+
+    # -- audio ---------------------------------------------------------------------------------
+    @staticmethod
+    def _load(audio: Audio, rate: int) -> torch.Tensor:
+        if isinstance(audio, tuple) and len(audio) == 2:
+            samples, source_rate = audio
+            return load_wav(torch.as_tensor(samples, dtype=torch.float32), rate, source_rate=source_rate)
+        return load_wav(audio, rate)
+
+    def speech_tokens(self, audio: Audio) -> torch.Tensor:
+        """[1, n] int32 speech tokens of the audio (upstream _extract_speech_token)."""
+        speech = self._load(audio, SPEECH_TOKEN_RATE)
+        seconds = speech.shape[1] / SPEECH_TOKEN_RATE
+        if seconds > MAX_PROMPT_SECONDS:
+            raise AudioError(f"reference audio is {seconds:.1f} s; at most {MAX_PROMPT_SECONDS} s is supported")
+        mel = whisper_log_mel(speech, n_mels=WHISPER_MELS)
+        tokenizer = self.speech_tokenizer
+        with torch.inference_mode():
+            device = next(tokenizer.parameters()).device
+            tokens, lengths = tokenizer(mel.to(device), torch.tensor([mel.shape[2]], device=device))
+        return tokens[:, :int(lengths[0])].to(torch.int32).cpu()
+
+    def speaker_embedding(self, audio: Audio) -> torch.Tensor:
+        """[1, 192] CAM++ embedding (upstream _extract_spk_embedding)."""
+        speech = self._load(audio, SPEECH_TOKEN_RATE)
+        feats = mean_normalize(kaldi_fbank(speech, num_mel_bins=FBANK_BINS, sample_frequency=SPEECH_TOKEN_RATE))
+        with torch.inference_mode():
+            return self.campplus(feats.unsqueeze(0)).float().reshape(1, -1)
+
+    def prompt_mel(self, audio: Audio) -> torch.Tensor:
+        """[1, F, 80] Matcha mel of the audio at 24 kHz (upstream _extract_speech_feat)."""
+        speech = self._load(audio, PROMPT_MEL_RATE)
+        return matcha_mel(speech, self.mel_config).squeeze(0).transpose(0, 1).unsqueeze(0)
+
+    def voice_prompt(self, audio: Audio, text: str | None) -> dict[str, torch.Tensor]:
+        """Everything a reference clip contributes (upstream frontend_zero_shot without the target text)."""
+        feat = self.prompt_mel(audio)
+        tokens = self.speech_tokens(audio)
+        if self.variant.version >= 2:
+            # v2/v3 keep exactly two mel frames per prompt token
+            n = min(feat.shape[1] // 2, tokens.shape[1])
+            feat, tokens = feat[:, :2 * n], tokens[:, :n]
+        embedding = self.speaker_embedding(audio)
+        prompt = {"llm_prompt_speech_token": tokens, "flow_prompt_speech_token": tokens,
+                  "prompt_speech_feat": feat, "llm_embedding": embedding, "flow_embedding": embedding}
+        if text is not None:
+            prompt["prompt_text"] = self.tokens(self.with_system_prompt(self.normalize(text)))
+        return prompt
+
+    # -- modes ---------------------------------------------------------------------------------
+    def model_input(self, mode: str, text: Any, prompt: dict[str, torch.Tensor] | None = None,
+                    instruct: str | None = None) -> dict[str, Any]:
+        """Upstream's frontend_<mode> output for one text segment (tokens or a token iterator)."""
+        if mode == "preset":
+            return {"text": text, "llm_embedding": prompt["embedding"], "flow_embedding": prompt["embedding"]}
+        if mode == "clone":
+            if "prompt_text" not in prompt:
+                raise InvalidRequest("this voice has no reference text: use mode 'cross_lingual'")
+            return {**prompt, "text": text}
+        if mode == "cross_lingual":
+            return {k: v for k, v in prompt.items() if k not in ("prompt_text", "llm_prompt_speech_token")} \
+                | {"text": text}
+        if mode == "instruct":
+            instruct_tokens = self.tokens(self.instruct_prompt(instruct))
+            if self.variant.instruct_mode == "instruct":
+                # v1: a preset speaker's embedding for the flow only, the instruction as LM prompt
+                return {"text": text, "flow_embedding": prompt["embedding"], "prompt_text": instruct_tokens}
+            keep = {k: v for k, v in prompt.items() if k not in ("llm_prompt_speech_token", "prompt_text")}
+            return keep | {"text": text, "prompt_text": instruct_tokens}
+        raise InvalidRequest(f"mode {mode!r} has no text model input")
