@@ -77,3 +77,11 @@ def _reexec() -> None:
 
 
 _reexec()
+
+
+def require_intel_path() -> None:
+    """Fail (never skip) a bit-exact parity check when MKL is off the recording machine's code paths."""
+    assert mkl_on_intel_path(), (
+        "MKL is not on its Intel code paths in this process, so bit-exact parity with the fixtures "
+        "(recorded on those paths) cannot hold: run pytest with the repo's options (pyproject adds "
+        "`-p mizuoto.testing.mkl_intel`, which needs a C compiler on non-Intel CPUs)")

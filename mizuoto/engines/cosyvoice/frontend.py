@@ -57,7 +57,7 @@ class CosyVoiceFrontend:
         if feat is None:
             raise ModelLoadError(f"{self.model_dir / variant.yaml_name}: no feat_extractor (the prompt mel settings)")
         self.mel_config = MatchaMelConfig.from_kwargs(feat.kwargs)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # parts build on other parts (text front end -> tokenizer)
         self._parts: dict[str, Any] = {}
 
     # -- lazily loaded parts -------------------------------------------------------------------

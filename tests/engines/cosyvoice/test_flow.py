@@ -10,7 +10,8 @@ with LM draws are covered end to end by the engine tests.
 The fixtures were recorded where MKL ran its Intel code paths; on other CPUs (AMD) MKL's sgemm
 rounds differently in the last bit and the mel moves by up to 5e-6 (upstream's own flow, run on
 such a CPU, gives exactly what this implementation gives there). The suite's
-`mizuoto.testing.mkl_intel` plugin puts MKL on its Intel paths, so the check is `torch.equal`.
+`mizuoto.testing.mkl_intel` plugin puts MKL on its Intel paths, so the check is `torch.equal`;
+where it could not, the parity tests fail saying so.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from mizuoto.runtime.errors import InvalidRequest, ModelLoadError
 from mizuoto.runtime.hyperyaml import load_hyperyaml
 from mizuoto.testing.cosyvoice_cases import CaseRef, list_cases, load_case
 from mizuoto.testing.fixtures import fixtures_root
+from mizuoto.testing.mkl_intel import require_intel_path
 
 SUPPORTED = {"CausalMaskedDiffWithXvec", "MaskedDiffWithXvec"}
 
@@ -93,6 +95,7 @@ def _run_case(ref: CaseRef) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, list[dict]]:
+    require_intel_path()
     return {ref.id: _run_case(ref) for ref in CASES}
 
 

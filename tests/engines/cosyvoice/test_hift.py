@@ -7,22 +7,16 @@ mel), replayed here by drawing that shape; HiFT then draws in call order. Stream
 the previous call's source tail as the cache, as the scheduler does. Cases with LM draws are
 covered end to end by the engine tests.
 
-Why a subprocess: the fixtures were recorded where MKL ran its Intel code paths. MKL picks
-other kernels on other CPUs (AMD here), whose results differ in the last bit (measured here
-without it: speech max 2e-7, source max 3e-8, and upstream's own code run here gives exactly
-what this implementation gives). Where MKL is not on its Intel path, the comparison runs in a
-child process with an LD_PRELOAD shim answering `mkl_serv_intel_cpu_true() = 1`, compiled
-from one line of C; then it is `torch.equal`, sample for sample.
+The fixtures were recorded where MKL ran its Intel code paths; on other CPUs (AMD) MKL picks
+other kernels whose results differ in the last bit (measured without them: speech max 2e-7,
+source max 3e-8; upstream's own code run there gives exactly what this implementation gives).
+The suite's `mizuoto.testing.mkl_intel` plugin puts MKL on its Intel paths, so the check is
+`torch.equal`, sample for sample; where it could not, the parity tests fail saying so.
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -35,7 +29,7 @@ from mizuoto.nn.vocoders.layers import fold_weight_norm
 from mizuoto.runtime.errors import ModelLoadError
 from mizuoto.runtime.hyperyaml import load_hyperyaml
 from mizuoto.testing.cosyvoice_cases import list_cases, load_case
-from mizuoto.testing.fixtures import fixtures_root
+from mizuoto.testing.mkl_intel import require_intel_path
 
 
 def _config(ref) -> dict:
@@ -56,7 +50,6 @@ assert CASES, "no HiFT case reproducible standalone in the fixtures"
 
 def _run_cases(refs) -> dict[str, list[dict]]:
     """Run every hift call of the cases; per call: equality and max error of speech/source/cache."""
-    torch.set_num_threads(2)
     models: dict[Path, torch.nn.Module] = {}
     results = {}
     for ref in refs:
@@ -95,40 +88,10 @@ def _run_cases(refs) -> dict[str, list[dict]]:
     return results
 
 
-def _mkl_intel_path() -> bool:
-    """Whether MKL runs the code paths of the CPU the fixtures were recorded on (Intel)."""
-    try:
-        return bool(ctypes.CDLL(None).mkl_serv_intel_cpu_true())  # a preloaded shim answers here
-    except AttributeError:
-        pass
-    lib = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
-    try:
-        return bool(ctypes.CDLL(str(lib)).mkl_serv_intel_cpu_true())
-    except (OSError, AttributeError):
-        return True  # no MKL to dispatch: nothing to force
-
-
-def _shim(tmp: Path) -> Path:
-    compiler = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    assert compiler, ("MKL is not on its Intel code path here and no C compiler is available to build the "
-                      "one-line LD_PRELOAD shim that forces it; exact parity cannot be checked")
-    src, lib = tmp / "mkl_intel.c", tmp / "libmkl_intel.so"
-    src.write_text("int mkl_serv_intel_cpu_true(void) { return 1; }\n")
-    subprocess.run([compiler, "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
-    return lib
-
-
 @pytest.fixture(scope="module")
-def results(tmp_path_factory) -> dict[str, list[dict]]:
-    if _mkl_intel_path():
-        return _run_cases(CASES)
-    tmp = tmp_path_factory.mktemp("hift_mkl")
-    out = tmp / "results.json"
-    env = dict(os.environ, LD_PRELOAD=str(_shim(tmp)), MIZUOTO_FIXTURES=str(fixtures_root()))
-    proc = subprocess.run([sys.executable, __file__, str(out)], env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(out.read_text())
+def results() -> dict[str, list[dict]]:
+    require_intel_path()
+    return _run_cases(CASES)
 
 
 @pytest.mark.parametrize("ref", CASES, ids=[r.id for r in CASES])
@@ -240,7 +203,3 @@ def test_causal_hift_needs_its_noise():
     with pytest.raises(ModelLoadError, match="noise"):
         build_hift(config)
 
-
-if __name__ == "__main__":
-    # Child process of the `results` fixture: runs under the MKL shim, writes the results.
-    Path(sys.argv[1]).write_text(json.dumps(_run_cases(CASES)))

@@ -1,4 +1,4 @@
-"""Frontend fixture access for the DSP tests: clips come from frontend/manifest.json, never by name."""
+"""Frontend fixture access for the DSP tests (clips from frontend/manifest.json, never by name) and the MKL guard."""
 
 import json
 import re
@@ -7,7 +7,7 @@ import pytest
 from safetensors.torch import load_file
 
 from mizuoto.testing.fixtures import fixture_path
-
+from mizuoto.testing.mkl_intel import require_intel_path
 
 def _manifest() -> dict:
     with open(fixture_path("frontend", "manifest.json"), encoding="utf-8") as f:
@@ -72,20 +72,7 @@ def parse_rate():
     return parse_rate_tag
 
 
-def _check_log_spectrum(ours, ref, bin_dim, depth, near, deep, mean, what, level=None):
-    """Log-spectrum parity with FFT-rounding tolerances: `near` for bins within `depth` (log units)
-    of their frame's strongest bin in `level` (default ref), `deep` for weaker ones (FFT noise is
-    relative to the frame's energy, so deep bins carry more of it), and a bound on the mean error."""
-    assert ours.shape == ref.shape, f"{what}: shape {tuple(ours.shape)} vs {tuple(ref.shape)}"
-    err = (ours - ref).abs()
-    level = ref if level is None else level
-    is_near = level >= level.amax(dim=bin_dim, keepdim=True) - depth
-    assert err[is_near].max().item() <= near, f"{what}: max abs {err[is_near].max().item():.3g} near the frame peak"
-    if (~is_near).any():
-        assert err[~is_near].max().item() <= deep, f"{what}: max abs {err[~is_near].max().item():.3g} in deep bins"
-    assert err.mean().item() <= mean, f"{what}: mean abs {err.mean().item():.3g}"
-
-
-@pytest.fixture(scope="session")
-def check_log_spectrum():
-    return _check_log_spectrum
+@pytest.fixture
+def intel_mkl() -> None:
+    """Fail, not skip, an exact parity check where MKL runs other kernels than the recording machine's."""
+    require_intel_path()

@@ -1,16 +1,10 @@
 """Kaldi fbank (CAM++ input) against torchaudio.compliance.kaldi.fbank as upstream calls it, and its CMN.
 
-Why a tolerance and not torch.equal: the formula is the same op for op, but the references were
-recorded where MKL ran its Intel code paths, and MKL's FFT rounds differently on other CPUs
-(AMD here). Forcing MKL's Intel path on this machine (an LD_PRELOAD shim answering
-`mkl_serv_intel_cpu_true() = 1`) makes every fbank and CMN reference bit-identical (max 0.0),
-so what remains is FFT rounding, not a formula difference. Without the shim, measured over the
-five public clips: max |ours - ref| 1.4e-4 in bands within 12 (natural log) of their frame's
-strongest band, 2.61e-3 in deeper ones (bands emptied by DC removal and pre-emphasis, where FFT
-noise is large relative to the energy); mean 8.2e-6. The reference itself is as far from a
-float64 evaluation of the formula (up to 1.1e-3) as we are (up to 1.8e-3), and facts.json puts
-its own float noise (kaldi-native-fbank vs torchaudio) at 2.3e-3 on the same clips. Bounds, as
-facts.json suggests: 1e-3 near the frame peak, 5e-3 near the floors; mean 5e-5.
+Bit-exact: the formula is torchaudio's op for op, and the suite runs MKL on the recording
+machine's code paths (the `mizuoto.testing.mkl_intel` plugin), so every fbank and CMN
+reference is `torch.equal`. Off those paths MKL's FFT rounds differently (measured on an AMD
+EPYC: up to 2.6e-3 in bands emptied by DC removal and pre-emphasis); that is not a formula
+difference, and the test then fails, naming the cause.
 """
 
 import pytest
@@ -19,16 +13,15 @@ import torch
 from mizuoto.nn.dsp import kaldi_fbank, mean_normalize
 from mizuoto.runtime.errors import InvalidRequest
 
-TOLERANCE = dict(bin_dim=-1, depth=12.0, near=1e-3, deep=5e-3, mean=5e-5)
 
-
-def test_fbank_matches_reference(clip, speech_at, refs, check_log_spectrum):
+def test_fbank_and_cmn_equal_reference(clip, speech_at, refs, intel_mkl):
     speech = speech_at(16000)
     feats = kaldi_fbank(speech[None], num_mel_bins=80, sample_frequency=16000)
     assert feats.shape == (1 + (speech.shape[0] - 400) // 160, 80)
-    check_log_spectrum(feats, refs["kaldi_fbank"], what=f"{clip} kaldi_fbank", **TOLERANCE)
-    cmn, ref_cmn = mean_normalize(feats), refs["kaldi_fbank_cmn"]
-    check_log_spectrum(cmn, ref_cmn, what=f"{clip} kaldi_fbank_cmn", level=refs["kaldi_fbank"], **TOLERANCE)
+    for name, ours in (("kaldi_fbank", feats), ("kaldi_fbank_cmn", mean_normalize(feats))):
+        ref = refs[name]
+        assert ours.shape == ref.shape, f"{clip} {name}: shape {tuple(ours.shape)} vs {tuple(ref.shape)}"
+        assert torch.equal(ours, ref), f"{clip} {name}: max abs {(ours - ref).abs().max().item():.3g}"
 
 
 def test_cmn_is_exact(clip, refs):
