@@ -9,16 +9,16 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test clean
 
-$(STAMP): pyproject.toml Makefile $(wildcard tests/plugins/*/pyproject.toml)
+$(STAMP): pyproject.toml Makefile $(wildcard tests/plugins/*/pyproject.toml) $(wildcard plugins/*/pyproject.toml)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH)
-	$(PIP) install -q -e '.[test]'
-	for p in tests/plugins/*/; do [ -f $$p/pyproject.toml ] && $(PIP) install -q -e $$p || true; done
+	$(PIP) install -q -e '.[test,server]'
+	for p in plugins/*/; do [ -f $$p/pyproject.toml ] && $(PIP) install -q -e $$p || exit 1; done
+	for p in tests/plugins/*/; do [ -f $$p/pyproject.toml ] && $(PIP) install -q -e $$p || exit 1; done
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m mizuoto.demo
+	$(PY) -m mizuoto.demo $(MODEL)
 
 test: $(STAMP)
 	$(PY) -m pytest -q

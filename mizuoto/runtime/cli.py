@@ -169,6 +169,14 @@ def write_wav(path: str | Path, chunks: Iterable) -> tuple[float, int, int]:
     return audio.numel() / rate, rate, len(pieces)
 
 
+@command("serve", "run the HTTP server (OpenAI-style /v1/audio/speech; needs mizuoto[server])")
+def _serve_setup(p: argparse.ArgumentParser) -> Callable:
+    from mizuoto.runtime.server.cli import add_serve_arguments, run_serve
+
+    add_serve_arguments(p)
+    return run_serve
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every registered subcommand."""
     debug = argparse.ArgumentParser(add_help=False)

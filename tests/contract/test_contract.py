@@ -21,4 +21,6 @@ def CONTRACT_MODELS():
     """A fresh tone model, and every fixture directory up to three levels deep (engines' detect decides)."""
     root = fixtures_root()
     dirs = [p for p in root.glob("*/*/*") if p.is_dir()] + [p for p in root.glob("*/*") if p.is_dir()]
-    return [write_model(_TMP / "tone")] + sorted(dirs)
+    import mizuoto_piper  # the third-party plugin, installed from plugins/mizuoto-piper
+
+    return [write_model(_TMP / "tone"), mizuoto_piper.default_voice_dir()] + sorted(dirs)

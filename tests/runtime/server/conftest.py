@@ -1,0 +1,183 @@
+"""Real servers on 127.0.0.1 (a random free port) over real Runtimes, and engines that misbehave on purpose."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import httpx
+import numpy as np
+import pytest
+import soundfile
+
+from mizuoto.runtime.api import Runtime
+from mizuoto.runtime.server.app import create_app
+from mizuoto.runtime.server.launch import ServerThread
+from mizuoto.runtime.server.state import ServerConfig
+from mizuoto.testing.toy import CONFIG, ToneEngine, ToneModel, write_model
+
+
+class SlowToneModel(ToneModel):
+    """A tone model that takes `delay` s per 4 notes, and fails as told by the text: 'OOM' or 'CRASH'."""
+
+    delay = 0.0
+
+    def synthesize(self, request):
+        text = request.text if isinstance(request.text, str) else ""
+        if "OOM" in text:
+            raise MemoryError("cannot allocate 64 GiB for the decoder")
+        if "CRASH" in text:
+            raise RuntimeError("engine bug")
+        from mizuoto.testing.toy import CHUNK_NOTES, NOTE_SECONDS
+
+        per_chunk = CHUNK_NOTES * int(NOTE_SECONDS * self.rate / request.speed)
+        for chunk in super().synthesize(request):
+            time.sleep(self.delay * chunk.samples.numel() / per_chunk)
+            yield chunk
+
+
+class SlowToneEngine(ToneEngine):
+    """The tone engine for model dirs whose config says engine "slow"; `delay` comes from the config."""
+
+    name = "slow"
+    description = "tone engine that takes its time (server tests)"
+
+    def detect(self, model_dir: Path) -> bool:
+        try:
+            return json.loads((Path(model_dir) / CONFIG).read_text()).get("engine") == "slow"
+        except (OSError, ValueError):
+            return False
+
+    def load(self, model_dir: Path, options) -> SlowToneModel:
+        base = super().load(model_dir, options)
+        model = SlowToneModel(base.config, base._m)
+        model.delay = float(base.config.get("delay", 0.0))
+        return model
+
+
+def write_slow_model(path: Path, delay: float, hidden: int = 16) -> Path:
+    """A 'slow' model directory."""
+    write_model(path, hidden=hidden)
+    config = json.loads((path / CONFIG).read_text())
+    config.update(engine="slow", delay=delay)
+    (path / CONFIG).write_text(json.dumps(config))
+    return path
+
+
+def make_runtime(**budgets) -> Runtime:
+    """A Runtime with the installed plugins, plus the tone engines (whether or not the toy plugin is installed)."""
+    rt = Runtime(**budgets)
+    if "tone" not in rt.registry.names():
+        rt.registry.add(ToneEngine)
+    rt.registry.add(SlowToneEngine)
+    return rt
+
+
+def start_server(models: dict, config: ServerConfig | None = None, **runtime) -> ServerThread:
+    """A started server; stop it with .stop()."""
+    return ServerThread(create_app(make_runtime(**runtime), config or ServerConfig(), models)).start()
+
+
+@pytest.fixture(scope="session")
+def served_dirs(tmp_path_factory) -> dict:
+    """The models of the shared server: a tone model, a slow tone model and the piper default voice."""
+    import mizuoto_piper
+
+    root = tmp_path_factory.mktemp("served")
+    return {"tone": write_model(root / "tone"), "slow": write_slow_model(root / "slow", 0.02),
+            "piper": mizuoto_piper.default_voice_dir()}
+
+
+@pytest.fixture(scope="session")
+def server(served_dirs):
+    """One server for the tests that do not change its models: max 8 concurrent, 60 s deadline."""
+    s = start_server(served_dirs, ServerConfig(max_concurrent=8, request_timeout=60.0))
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def client(server):
+    """An HTTP client of the shared server."""
+    with httpx.Client(base_url=server.url, timeout=60.0) as c:
+        yield c
+
+
+def read_audio(body: bytes) -> tuple[np.ndarray, int]:
+    """Samples and rate of an encoded response body."""
+    audio, rate = soundfile.read(io.BytesIO(body), dtype="float32")
+    return audio, rate
+
+
+def wav_base64(seconds: float = 2.0, rate: int = 16000, freq: float = 180.0) -> str:
+    """A voiced-sounding reference clip as base64 WAV."""
+    import base64
+
+    t = np.arange(int(seconds * rate)) / rate
+    wave = sum(np.sin(2 * np.pi * k * freq * t) / k for k in range(1, 5)) * 0.2
+    buf = io.BytesIO()
+    soundfile.write(buf, wave.astype(np.float32), rate, format="WAV", subtype="PCM_16")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def tone_seconds(text: str, speed: float = 1.0, rate: int = 16000) -> float:
+    """The exact duration the tone engine gives `text`."""
+    from mizuoto.testing.toy import NOTE_SECONDS
+
+    return sum(not c.isspace() for c in text) * int(NOTE_SECONDS * rate / speed) / rate
+
+
+def job_threads() -> int:
+    """Worker threads alive now."""
+    return sum(t.name == "mizuoto-job" for t in threading.enumerate())
+
+
+def wait_idle(client: httpx.Client, timeout: float = 10.0) -> None:
+    """Wait until no job runs (workers notice cancellation at their next chunk)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        text = client.get("/metrics").text
+        if "mizuoto_requests_in_flight 0" in text and job_threads() == 0:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"jobs still running after {timeout} s: {job_threads()} worker threads")
+
+
+def resident_bytes() -> int:
+    """Resident memory of this process after glibc returns its freed pages (so allocator caching is not growth)."""
+    import ctypes
+    import ctypes.util
+
+    import psutil
+
+    libc = ctypes.util.find_library("c")
+    if libc:
+        try:
+            ctypes.CDLL(libc).malloc_trim(0)
+        except (OSError, AttributeError):  # not glibc
+            pass
+    return psutil.Process().memory_info().rss
+
+
+def planned_memory(client: httpx.Client) -> dict:
+    """mizuoto_memory_planned_bytes per model from /metrics."""
+    out = {}
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith("mizuoto_memory_planned_bytes{"):
+            labels, value = line.rsplit(" ", 1)
+            out[labels] = int(value)
+    return out
+
+
+@pytest.fixture(scope="session")
+def h() -> SimpleNamespace:
+    """The helpers above, for test modules (conftest is not importable under --import-mode=importlib)."""
+    return SimpleNamespace(read_audio=read_audio, wav_base64=wav_base64, tone_seconds=tone_seconds,
+                           job_threads=job_threads, wait_idle=wait_idle, resident_bytes=resident_bytes,
+                           planned_memory=planned_memory,
+                           start_server=start_server, make_runtime=make_runtime, write_slow_model=write_slow_model,
+                           write_model=write_model)

@@ -1,0 +1,81 @@
+"""WebSocket /v1/audio/speech/stream: text in pieces, audio out as produced, errors as messages."""
+
+import json
+
+import numpy as np
+import pytest
+from websockets.sync.client import connect
+
+
+def _ws(server):
+    return connect(server.url.replace("http://", "ws://") + "/v1/audio/speech/stream", open_timeout=10)
+
+
+def _session(server, start, pieces):
+    """Run a session; returns (session.created, audio frames, final message)."""
+    with _ws(server) as ws:
+        ws.send(json.dumps({"type": "session.start", **start}))
+        created = json.loads(ws.recv(timeout=30))
+        for piece in pieces:
+            ws.send(json.dumps({"type": "input_text.append", "text": piece}))
+        ws.send(json.dumps({"type": "input_text.done"}))
+        frames = []
+        while True:
+            msg = ws.recv(timeout=30)
+            if isinstance(msg, bytes):
+                frames.append(msg)
+            else:
+                return created, frames, json.loads(msg)
+
+
+@pytest.mark.parametrize("model", ["tone", "piper"])
+def test_text_in_audio_out(server, h, model):
+    """Pieces of text become PCM16 frames; the done message accounts for every sample."""
+    text = ["Streaming text ", "arrives in pieces. ", "Audio goes ", "out as it is made."]
+    created, frames, done = _session(server, {"model": model}, text)
+    assert created["type"] == "session.created" and created["stream_in"] is True
+    assert done["type"] == "speech.audio.done" and done["chunks"] == len(frames) >= 2
+    samples = np.frombuffer(b"".join(frames), dtype="<i2")
+    assert len(samples) / created["sample_rate"] == pytest.approx(done["seconds"])
+    if model == "tone":
+        assert done["seconds"] == pytest.approx(h.tone_seconds("".join(text)))
+    else:
+        assert np.sqrt(np.mean((samples / 32768) ** 2)) > 0.01
+
+
+@pytest.mark.parametrize("first, words", [
+    ({"type": "input_text.append", "text": "hi"}, "session.start"),
+    ({"type": "session.start", "model": "nope"}, "does not exist"),
+    ({"type": "session.start", "model": "tone", "speed": 0}, "speed"),
+    ({"type": "session.start", "model": "tone", "input": "no"}, "input_text.append"),
+])
+def test_bad_session(server, first, words):
+    """A bad first message is answered with an error message and the socket closes."""
+    with _ws(server) as ws:
+        ws.send(json.dumps(first))
+        error = json.loads(ws.recv(timeout=10))
+    assert error["type"] == "error" and words in error["error"]["message"]
+
+
+def test_bad_message_mid_session(server, h, client):
+    """An unknown message mid-stream ends the session with an error and cancels its job."""
+    with _ws(server) as ws:
+        ws.send(json.dumps({"type": "session.start", "model": "tone"}))
+        json.loads(ws.recv(timeout=10))
+        ws.send(json.dumps({"type": "input_text.append", "text": "abc"}))
+        ws.send(json.dumps({"type": "bogus"}))
+        msg = ws.recv(timeout=10)
+        while isinstance(msg, bytes):
+            msg = ws.recv(timeout=10)
+    assert json.loads(msg)["type"] == "error" and "bogus" in json.loads(msg)["error"]["message"]
+    h.wait_idle(client)
+
+
+def test_client_leaves_mid_session(server, h, client):
+    """A client that disconnects while text is still coming frees its job."""
+    with _ws(server) as ws:
+        ws.send(json.dumps({"type": "session.start", "model": "slow"}))
+        json.loads(ws.recv(timeout=10))
+        ws.send(json.dumps({"type": "input_text.append", "text": "abcd" * 10}))
+        ws.recv(timeout=10)
+    h.wait_idle(client)
