@@ -8,37 +8,18 @@ query/key before the head split, so only the first `dim_head` channels (the firs
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-def chunk_mask(size: int, chunk_size: int, device: torch.device | None = None) -> torch.Tensor:
-    """[size, size] bool: position i sees every position before the end of its chunk (wenet's subsequent_chunk_mask)."""
-    pos = torch.arange(size, device=device)
-    block_end = (torch.div(pos, chunk_size, rounding_mode="trunc") + 1) * chunk_size
-    return pos.unsqueeze(0) < block_end.unsqueeze(1)
-
-
-class SinusPositionEmbedding(nn.Module):
-    def __init__(self, dim: int):
-        super().__init__()
-        self.dim = dim
-
-    def forward(self, x: torch.Tensor, scale: float = 1000) -> torch.Tensor:
-        half = self.dim // 2
-        step = math.log(10000) / (half - 1)
-        freqs = torch.exp(torch.arange(half, device=x.device).float() * -step)
-        arg = scale * x.unsqueeze(1) * freqs.unsqueeze(0)
-        return torch.cat((arg.sin(), arg.cos()), dim=-1)
+from mizuoto.nn.flow.unet1d import SinusoidalPosEmb
+from mizuoto.nn.transformer.masks import subsequent_chunk_mask
 
 
 class TimestepEmbedding(nn.Module):
     def __init__(self, dim: int, freq_embed_dim: int = 256):
         super().__init__()
-        self.time_embed = SinusPositionEmbedding(freq_embed_dim)
+        self.time_embed = SinusoidalPosEmb(freq_embed_dim)
         self.time_mlp = nn.Sequential(nn.Linear(freq_embed_dim, dim), nn.SiLU(), nn.Linear(dim, dim))
 
     def forward(self, t: torch.Tensor) -> torch.Tensor:
@@ -206,7 +187,7 @@ class DiT(nn.Module):
         residual = x
         valid = mask.bool()  # [b, 1, n]
         if streaming:
-            attn_mask = (valid & chunk_mask(seq_len, self.static_chunk_size, x.device).unsqueeze(0)).unsqueeze(1)
+            attn_mask = (valid & subsequent_chunk_mask(seq_len, self.static_chunk_size, device=x.device).unsqueeze(0)).unsqueeze(1)
         else:
             attn_mask = valid.repeat(1, seq_len, 1).unsqueeze(1)
         for block in self.transformer_blocks:
