@@ -1,0 +1,361 @@
+"""`mizuoto bench`: per-stage speed of a speech model, engine-neutral.
+
+The engine supplies a *bench driver* (see `BenchDriver`) that runs its stages on one fixed
+request: the LM generates exactly `tokens` speech tokens with its stop tokens suppressed (so
+every run does the same work), then the flow and the vocoder speak them. This module times
+the stages (the device synchronized around each), takes the median of N runs after warm-up,
+and prints a table or JSON: LM ms/token, flow and vocoder ms per second of audio, first-chunk
+latency when streaming, real-time factor, peak memory, and on CUDA the LM step's achieved
+memory bandwidth against the device's.
+
+Drivers are found through the engine registry: an Engine class may offer
+`bench_driver(model_dir, random, options, settings, workdir) -> BenchDriver` and list in
+`bench_random` the model kinds it can build with random weights (`--random cosyvoice2`).
+`--driver path/to/file.py:factory` (or `package.module:factory`) names one directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Protocol, Sequence
+
+import torch
+
+from mizuoto.runtime.errors import InvalidRequest, MizuotoError
+from mizuoto.runtime.options import LoadOptions, parse_options
+
+# Peak memory bandwidth (GB/s) of common cards, used when the device does not report its own.
+KNOWN_BANDWIDTH_GBS = {
+    "H200": 4800.0, "H100 SXM": 3350.0, "H100 PCIe": 2000.0, "H100": 3350.0, "A100-SXM4-80GB": 2039.0,
+    "A100 80GB PCIe": 1935.0, "A100": 1555.0, "L40S": 864.0, "L4": 300.0, "A10G": 600.0, "A10": 600.0,
+    "RTX 4090": 1008.0, "RTX 4080": 717.0, "RTX 3090 Ti": 1008.0, "RTX 3090": 936.0, "RTX 3080": 760.0,
+    "T4": 320.0, "V100": 900.0,
+}
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """One benchmark request and how often to run it."""
+
+    text: str = "Mizuoto measures how fast each stage of a speech model runs on this machine."
+    prompt_text: str = ""
+    tokens: int = 250  # speech tokens the LM generates (stop tokens suppressed)
+    runs: int = 5
+    warmup: int = 2
+    stream: bool = False
+
+    def __post_init__(self) -> None:
+        if self.tokens < 1 or self.runs < 1 or self.warmup < 0:
+            raise InvalidRequest("bench: --tokens and --runs must be >= 1 and --warmup >= 0")
+
+
+# A full-size model is slow off CUDA (a CosyVoice 2 flow takes about a minute per second of
+# audio on two CPU cores): there the defaults are one short run, so the command ends in minutes.
+CPU_DEFAULTS = {"tokens": 25, "runs": 1, "warmup": 0}
+
+
+class BenchDriver(Protocol):
+    """What an engine provides so its stages can be timed on one fixed request."""
+
+    name: str  # e.g. "cosyvoice2 (random weights)"
+    device: torch.device
+    sample_rate: int
+
+    def lm(self, tokens: int) -> Any:
+        """Generate exactly `tokens` speech tokens (stop tokens suppressed); return them."""
+
+    def lm_bytes_per_step(self, tokens: int) -> int:
+        """Bytes a decode step reads on average over a `tokens` run (weights + KV cache)."""
+
+    def flow(self, tokens: Any) -> Any:
+        """Tokens -> acoustic features (e.g. mel)."""
+
+    def vocoder(self, features: Any) -> torch.Tensor:
+        """Features -> audio samples (1-D or (1, L))."""
+
+    def stream(self, tokens: int) -> Iterator[torch.Tensor]:
+        """The whole request streamed (LM, flow, vocoder), yielding audio chunks as they come."""
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (so timings cover it)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def _timed(device: torch.device, fn: Callable[[], Any]) -> tuple[Any, float]:
+    synchronize(device)
+    start = time.perf_counter()
+    out = fn()
+    synchronize(device)
+    return out, time.perf_counter() - start
+
+
+def _peak_reset(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_bytes(device: torch.device) -> tuple[int, str]:
+    """Peak memory and what it counts: CUDA allocations since the last reset, else the process RSS."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device)), "device (allocated)"
+    rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux; process lifetime peak
+    return int(rss_kib) * (1 if sys.platform == "darwin" else 1024), "host RSS (process peak)"
+
+
+def device_bandwidth_gbs(device: torch.device) -> tuple[float | None, str]:
+    """The device's peak memory bandwidth in GB/s and where the number comes from (None off CUDA)."""
+    if device.type != "cuda":
+        return None, "not measured off CUDA"
+    props = torch.cuda.get_device_properties(device)
+    for key in sorted(KNOWN_BANDWIDTH_GBS, key=len, reverse=True):
+        if key.lower() in props.name.lower():
+            return KNOWN_BANDWIDTH_GBS[key], f"{props.name} datasheet"
+    clock_khz, bus_bits = getattr(props, "memory_clock_rate", 0), getattr(props, "memory_bus_width", 0)
+    if clock_khz and bus_bits:
+        return 2 * clock_khz * 1e3 * bus_bits / 8 / 1e9, f"{props.name}: 2 x memory clock x bus width"
+    return None, f"{props.name}: unknown (pass --bandwidth)"
+
+
+def copy_bandwidth_gbs(device: torch.device, nbytes: int = 1 << 30, repeats: int = 5) -> float | None:
+    """Measured device-to-device copy bandwidth (read + write bytes per second), CUDA only."""
+    if device.type != "cuda":
+        return None
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    _, seconds = _timed(device, lambda: [dst.copy_(src) for _ in range(repeats)])
+    return 2 * nbytes * repeats / seconds / 1e9
+
+
+def _audio_seconds(audio: torch.Tensor, rate: int) -> float:
+    return audio.shape[-1] / rate
+
+
+def run_once(driver: BenchDriver, settings: BenchSettings) -> dict[str, float]:
+    """One pass of the request: seconds per stage, audio length, first-chunk latency, peak memory."""
+    device = driver.device
+    _peak_reset(device)
+    tokens, t_lm = _timed(device, lambda: driver.lm(settings.tokens))
+    features, t_flow = _timed(device, lambda: driver.flow(tokens))
+    audio, t_voc = _timed(device, lambda: driver.vocoder(features))
+    result = {"lm_s": t_lm, "flow_s": t_flow, "vocoder_s": t_voc,
+              "audio_s": _audio_seconds(audio, driver.sample_rate)}
+    if settings.stream:
+        synchronize(device)
+        start = time.perf_counter()
+        first = None
+        for chunk in driver.stream(settings.tokens):
+            if first is None:
+                synchronize(device)
+                first = time.perf_counter() - start
+        result["first_chunk_s"] = first if first is not None else float("nan")
+    result["peak_bytes"] = float(peak_memory_bytes(device)[0])
+    return result
+
+
+def summarize(runs: Sequence[dict[str, float]], driver: BenchDriver, settings: BenchSettings,
+              bandwidth: float | None = None) -> dict[str, Any]:
+    """Medians over the runs, turned into the reported per-stage figures."""
+    med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    audio_s = med["audio_s"]
+    total = med["lm_s"] + med["flow_s"] + med["vocoder_s"]
+    out: dict[str, Any] = {
+        "model": driver.name, "device": str(driver.device), "runs": len(runs), "tokens": settings.tokens,
+        "audio_seconds": audio_s,
+        "lm_ms_per_token": 1e3 * med["lm_s"] / settings.tokens,
+        "flow_ms_per_audio_second": 1e3 * med["flow_s"] / audio_s,
+        "vocoder_ms_per_audio_second": 1e3 * med["vocoder_s"] / audio_s,
+        "rtf": total / audio_s,
+        "peak_memory_bytes": int(med["peak_bytes"]),
+        "peak_memory_kind": peak_memory_bytes(driver.device)[1],
+    }
+    if "first_chunk_s" in med:
+        out["first_chunk_ms"] = 1e3 * med["first_chunk_s"]
+    step_bytes = driver.lm_bytes_per_step(settings.tokens)
+    out["lm_bytes_per_step"] = step_bytes
+    out["lm_achieved_gb_per_s"] = step_bytes / (med["lm_s"] / settings.tokens) / 1e9
+    if driver.device.type == "cuda":
+        peak, source = (bandwidth, "given") if bandwidth else device_bandwidth_gbs(driver.device)
+        out["device_bandwidth_gb_per_s"], out["device_bandwidth_source"] = peak, source
+        out["device_copy_gb_per_s"] = copy_bandwidth_gbs(driver.device)
+        if peak:
+            out["lm_bandwidth_fraction"] = out["lm_achieved_gb_per_s"] / peak
+    return out
+
+
+def benchmark(driver: BenchDriver, settings: BenchSettings, bandwidth: float | None = None) -> dict[str, Any]:
+    """Warm up, run `settings.runs` times, and summarize."""
+    for _ in range(settings.warmup):
+        run_once(driver, settings)
+    runs = [run_once(driver, settings) for _ in range(settings.runs)]
+    return summarize(runs, driver, settings, bandwidth)
+
+
+def format_table(r: dict[str, Any]) -> str:
+    """The summary as aligned text lines."""
+    gib = 1024 ** 3
+    rows = [
+        ("model", r["model"]), ("device", r["device"]),
+        ("request", f"{r['tokens']} tokens -> {r['audio_seconds']:.2f} s of audio; median of {r['runs']} runs"),
+        ("LM", f"{r['lm_ms_per_token']:.2f} ms/token"),
+        ("flow", f"{r['flow_ms_per_audio_second']:.1f} ms per second of audio"),
+        ("vocoder", f"{r['vocoder_ms_per_audio_second']:.1f} ms per second of audio"),
+    ]
+    if "first_chunk_ms" in r:
+        rows.append(("first chunk", f"{r['first_chunk_ms']:.0f} ms (streaming)"))
+    rows.append(("RTF", f"{r['rtf']:.3f} (LM + flow + vocoder time / audio time)"))
+    rows.append(("peak memory", f"{r['peak_memory_bytes'] / gib:.2f} GiB ({r['peak_memory_kind']})"))
+    bw = f"{r['lm_achieved_gb_per_s']:.1f} GB/s achieved ({r['lm_bytes_per_step'] / 1e6:.0f} MB per step)"
+    if r.get("device_bandwidth_gb_per_s"):
+        bw += (f" of {r['device_bandwidth_gb_per_s']:.0f} GB/s peak ({r['device_bandwidth_source']}):"
+               f" {100 * r['lm_bandwidth_fraction']:.1f}%")
+    if r.get("device_copy_gb_per_s"):
+        bw += f"; copy test {r['device_copy_gb_per_s']:.0f} GB/s"
+    rows.append(("LM bandwidth", bw))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+# --- finding a driver --------------------------------------------------------------------------
+
+def load_factory(spec: str) -> Callable[..., BenchDriver]:
+    """`path/to/file.py:name` or `package.module:name` -> the named callable."""
+    target, sep, attr = spec.rpartition(":")
+    if not sep or not target or not attr:
+        raise InvalidRequest(f"--driver takes FILE.py:NAME or MODULE:NAME, got {spec!r}")
+    if target.endswith(".py"):
+        path = Path(target)
+        if not path.is_file():
+            raise InvalidRequest(f"--driver: no such file {path}")
+        mod_spec = importlib.util.spec_from_file_location(f"_mizuoto_bench_{path.stem}", path)
+        module = importlib.util.module_from_spec(mod_spec)
+        mod_spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(target)
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise InvalidRequest(f"--driver: {target} has no {attr!r}") from None
+
+
+def find_factory(model_dir: Path | None, random: str | None) -> Callable[..., BenchDriver]:
+    """The registered engine that can bench `model_dir` (or build `random`), as a driver factory."""
+    from mizuoto.runtime.plugins import Registry
+
+    registry = Registry()
+    offered = []
+    for name, cls in registry.load_all().items():
+        factory = getattr(cls, "bench_driver", None)
+        if factory is None:
+            continue
+        kinds = tuple(getattr(cls, "bench_random", ()))
+        offered += [f"{k} ({name})" for k in kinds]
+        if random is not None and random in kinds:
+            return getattr(cls(), "bench_driver")
+        if random is None and model_dir is not None and cls().detect(model_dir):
+            return getattr(cls(), "bench_driver")
+    if random is not None:
+        raise InvalidRequest(f"bench: no engine builds a random {random!r} model; offered: "
+                             f"{', '.join(offered) or 'none'} (or pass --driver FILE.py:NAME)")
+    raise InvalidRequest(f"bench: no registered engine offers a bench driver for {model_dir} "
+                         "(or pass --driver FILE.py:NAME)")
+
+
+# --- command line ------------------------------------------------------------------------------
+
+def configure(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    """Add the bench arguments to `p`; return the runner."""
+    p.add_argument("model_dir", nargs="?", help="model directory (or use --random)")
+    p.add_argument("--random", metavar="KIND", help="build a full-size model with random weights, e.g. cosyvoice2")
+    p.add_argument("--driver", metavar="FILE.py:NAME", help="bench driver factory to use instead of the engine's")
+    p.add_argument("--workdir", help="where --random writes its model directory (default: a temporary one)")
+    p.add_argument("--text", default=BenchSettings.text, help="text of the request")
+    p.add_argument("--prompt-text", default="", help="prompt (reference) text of the request")
+    p.add_argument("--tokens", type=int, help=f"speech tokens per run, stop tokens suppressed "
+                   f"(default {BenchSettings.tokens}; {CPU_DEFAULTS['tokens']} off CUDA)")
+    p.add_argument("--runs", type=int, help=f"measured runs, the median is reported "
+                   f"(default {BenchSettings.runs}; {CPU_DEFAULTS['runs']} off CUDA)")
+    p.add_argument("--warmup", type=int, help=f"runs before measuring "
+                   f"(default {BenchSettings.warmup}; {CPU_DEFAULTS['warmup']} off CUDA)")
+    p.add_argument("--stream", action="store_true", help="also time a streamed request (first-chunk latency)")
+    p.add_argument("--device", help="cpu, cuda, cuda:1 (default: auto)")
+    p.add_argument("--precision", help="fp32 or fp16")
+    p.add_argument("--option", action="append", metavar="KEY=VALUE", help="load option, e.g. compute.cuda_graphs=on")
+    p.add_argument("--bandwidth", type=float, help="the device's peak bandwidth in GB/s (overrides the lookup)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    return run_bench
+
+
+def add_bench_command(subparsers: Any) -> argparse.ArgumentParser:
+    """Register `bench` on an argparse subparsers object; the parser's `run` default is run_bench."""
+    p = subparsers.add_parser("bench", help="time each stage of a model on a fixed request",
+                              description=__doc__.split("\n\n")[0])
+    p.set_defaults(run=configure(p))
+    return p
+
+
+def _options(args: argparse.Namespace) -> LoadOptions:
+    flat: dict[str, str] = {}
+    for item in args.option or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise InvalidRequest(f"--option takes KEY=VALUE, got {item!r}")
+        flat[key.strip()] = value.strip()
+    for key in ("device", "precision"):
+        if getattr(args, key, None) is not None:
+            flat[key] = getattr(args, key)
+    return parse_options(flat).resolved()
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """Run `mizuoto bench` from parsed arguments; print the table or JSON."""
+    if (args.model_dir is None) == (args.random is None):
+        raise InvalidRequest("bench: give a model directory or --random KIND (one of them)")
+    options = _options(args)
+    defaults = asdict(BenchSettings()) if options.device.startswith("cuda") else CPU_DEFAULTS
+    counts = {k: getattr(args, k) if getattr(args, k) is not None else defaults[k] for k in CPU_DEFAULTS}
+    settings = BenchSettings(text=args.text, prompt_text=args.prompt_text, stream=args.stream, **counts)
+    model_dir = Path(args.model_dir) if args.model_dir else None
+    if model_dir is not None and not model_dir.is_dir():
+        raise InvalidRequest(f"bench: not a directory: {model_dir}")
+    factory = load_factory(args.driver) if args.driver else find_factory(model_dir, args.random)
+    with tempfile.TemporaryDirectory(prefix="mizuoto-bench-") as tmp:
+        workdir = Path(args.workdir) if args.workdir else Path(tmp)
+        driver = factory(model_dir, args.random, options, settings, workdir)
+        try:
+            result = benchmark(driver, settings, args.bandwidth)
+        except torch.OutOfMemoryError as exc:
+            raise MizuotoError(f"bench: out of memory on {driver.device}: {exc}") from None
+    result["settings"] = asdict(settings)
+    result["options"] = {"device": options.device, "precision": options.precision, **asdict(options.compute)}
+    print(json.dumps(result, indent=2) if args.json else format_table(result))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m mizuoto.runtime.bench ...` (the same as `mizuoto bench ...`)."""
+    parser = argparse.ArgumentParser(prog="mizuoto bench", description=__doc__.split("\n\n")[0])
+    run = configure(parser)
+    try:
+        return run(parser.parse_args(argv))
+    except MizuotoError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

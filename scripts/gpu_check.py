@@ -1,0 +1,340 @@
+"""Issue 8's device checks, in one script, plus the random-weight CosyVoice 2 bench driver.
+
+Run on a CUDA machine from the repository root (assets from ../shared, or $MIZUOTO_ASSETS):
+
+    python scripts/gpu_check.py                 # all checks, ~2-4 minutes on a current card
+    python scripts/gpu_check.py --quick         # fewer seeds and tokens (also runs on the CPU)
+
+It prints one JSON document (also written to $OUT/gpu_check.json when $OUT is set):
+1. sampler: the on-device nucleus draw (fixed top_k exponentials, as decoding uses it on CUDA)
+   and its CUDA-graph version against upstream's loop on CUDA, for every nucleus size 1..25,
+   fp32/fp16/bf16, many seeds: token and generator state equal.
+2. decode: a full-size CosyVoice 2 LM with random weights (sizes from cosyvoice2.yaml and
+   CosyVoice-BlankEN/config.json), stop tokens suppressed: tokens of the upstream-style eager
+   loop (dynamic cache, upstream sampler), of the on-device sampler with the static cache, and
+   of CUDA graphs; equal, also when other draws from the same generator come between tokens
+   (as CosyVoice 3's streaming flow does); ms/token of each and the LM step's GB/s.
+
+The bench driver (`cosyvoice2_driver`) is what `mizuoto bench --random cosyvoice2` runs:
+    python -m mizuoto.runtime.bench --random cosyvoice2 --driver scripts/gpu_check.py:cosyvoice2_driver
+It lives here until the CosyVoice engine offers it (`bench_driver` / `bench_random`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from mizuoto.engines.cosyvoice.flow import build_flow
+from mizuoto.engines.cosyvoice.hift import build_hift
+from mizuoto.engines.cosyvoice.llm import build_lm
+from mizuoto.runtime.bench import device_bandwidth_gbs, synchronize
+from mizuoto.runtime.graphs import use_cuda_graphs
+from mizuoto.runtime.hyperyaml import load_hyperyaml
+from mizuoto.runtime.lm.graph_step import GraphDecodeStep, GraphDraw
+from mizuoto.runtime.lm.sampling import FastSampler, nucleus_draw
+from mizuoto.testing.fixtures import asset_path
+from mizuoto.text.tokenize.qwen import QwenTokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+BLANK_EN = "CosyVoice-BlankEN"
+
+
+# --- a full-size random CosyVoice 2 ----------------------------------------------------------
+
+def build_random_cosyvoice2(workdir: Path, seed: int = 0):
+    """(config, lm, flow, hift, tokenizer) at the real sizes, with random (default-init) weights."""
+    src = asset_path("cosyvoice", "CosyVoice2-0.5B", "cosyvoice2.yaml")
+    blank = asset_path("cosyvoice", BLANK_EN)
+    (workdir / BLANK_EN).mkdir(parents=True, exist_ok=True)
+    shutil.copy(src, workdir / "cosyvoice2.yaml")
+    shutil.copy(blank / "config.json", workdir / BLANK_EN / "config.json")
+    config = load_hyperyaml(workdir / "cosyvoice2.yaml")
+    torch.manual_seed(seed)
+    lm = build_lm(config["llm"], workdir).eval()
+    flow = build_flow(config).eval()
+    hift = build_hift(config).eval()
+    return config, lm, flow, hift, QwenTokenizer.from_dir(blank)
+
+
+def lm_step_bytes(lm, positions: float) -> int:
+    """Bytes one decode step reads: every decoder layer, the final norm, the speech head, the KV cache."""
+    dec = lm.llm
+    weights = sum(p.numel() * p.element_size() for n, p in dec.named_parameters() if not n.startswith("embed_tokens"))
+    weights += sum(p.numel() * p.element_size() for p in lm.llm_decoder.parameters())
+    if dec.lm_head is not None:
+        weights -= sum(p.numel() * p.element_size() for p in dec.lm_head.parameters())
+    kv = dec.config.kv_bytes_per_position(dec.embed_tokens.weight.element_size(), repeated=False)
+    return int(weights + kv * positions)
+
+
+class Decoder:
+    """CosyVoice 2 decoding for exactly n tokens, stop tokens suppressed, in one of three ways.
+
+    upstream: dynamic cache, the engine's (upstream's) sampler loop, everything eager.
+    fast:     static cache, the on-device sampler (one host read per token).
+    graphs:   fast + the one-token step and the draw as CUDA graphs (captured once, reused).
+    """
+
+    def __init__(self, lm, mode: str, max_positions: int) -> None:
+        self.lm, self.mode = lm, mode
+        self.head = lambda h: lm.llm_decoder(h[:, -1]).log_softmax(dim=-1).squeeze(0)
+        self.sampler = lm.sampler if mode == "upstream" else FastSampler.like(lm.sampler)
+        self.cache = None if mode == "upstream" else lm.llm.new_cache("static", max_positions)
+        self.step = self.draw = None
+        self.graphs = mode == "graphs" and use_cuda_graphs(True, lm.speech_embedding.weight.device, "the LM")
+
+    @torch.inference_mode()
+    def __call__(self, lm_input: torch.Tensor, n: int, generator: torch.Generator,
+                 between=None, times: list | None = None) -> list[int]:
+        lm = self.lm
+        kv = lm.llm.new_cache("dynamic") if self.cache is None else self.cache
+        kv.reset()
+        out: list[int] = []
+        x = lm_input
+        for i in range(n):
+            if self.step is not None and x.shape[1] == 1:
+                scores = self.step(x)
+            else:
+                scores = self.head(lm.llm(x, kv))
+                if self.graphs and self.step is None:  # after the first prefill: capture once
+                    self.step = GraphDecodeStep(lm.llm, kv, self.head)
+                    self.draw = GraphDraw(self.sampler, self.step.output)
+            scores[lm.speech_token_size:] = -float("inf")  # a fixed amount of work per request
+            sample = self.draw if (self.draw is not None and self.step.captured) else self.sampler
+            token = sample(scores, out, generator)
+            out.append(token)
+            if between is not None:
+                between(generator)
+            if times is not None:
+                times.append(time.perf_counter())
+            x = lm.speech_embedding.weight[token].reshape(1, 1, -1)
+        return out
+
+
+def request_input(lm, tokenizer, text: str, prompt_text: str, prompt_tokens: int, device) -> torch.Tensor:
+    """The LM input of a clone-style request with `prompt_tokens` random prompt speech tokens."""
+    ids = torch.tensor([tokenizer.encode(text)], dtype=torch.int32)
+    pids = torch.tensor([tokenizer.encode(prompt_text)] if prompt_text else [[]], dtype=torch.int32).reshape(1, -1)
+    g = torch.Generator().manual_seed(1)
+    ptok = torch.randint(0, lm.speech_token_size, (1, prompt_tokens), generator=g, dtype=torch.int32)
+    with torch.inference_mode():
+        return lm.lm_input(ids.to(device), pids.to(device), ptok.to(device))
+
+
+def new_generator(device: torch.device, seed: int) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+# --- the bench driver ---------------------------------------------------------------------------
+
+class CosyVoice2Bench:
+    """`mizuoto bench` driver: random full-size CosyVoice 2, the decode path the options select."""
+
+    sample_rate = 24000
+
+    def __init__(self, model_dir, random, options, settings, workdir) -> None:
+        if model_dir is not None or random != "cosyvoice2":
+            raise SystemExit("this driver only builds --random cosyvoice2")
+        self.device = torch.device(options.device)
+        self.options, self.settings = options, settings
+        self.config, lm, flow, hift, tok = build_random_cosyvoice2(Path(workdir))
+        self.lm_module, self.flow_module, self.hift_module = lm.to(self.device), flow.to(self.device), hift.to(self.device)
+        on_cuda = self.device.type == "cuda"
+        mode = "graphs" if on_cuda and options.compute.cuda_graphs else "fast" if on_cuda else "upstream"
+        if not on_cuda and options.compute.kv_cache == "static":
+            mode = "fast"
+        self.lm_input = request_input(lm, tok, settings.text, settings.prompt_text, 75, self.device)
+        self.decoder = Decoder(self.lm_module, mode, self.lm_input.shape[1] + settings.tokens)
+        self.name = f"cosyvoice2 (random weights; LM decode: {mode}; {options.precision})"
+        g = torch.Generator().manual_seed(2)
+        self.prompt_token = torch.randint(0, 6561, (1, 75), generator=g).to(self.device)
+        self.prompt_feat = torch.randn(1, 150, 80, generator=g).to(self.device)
+        self.embedding = torch.randn(1, 192, generator=g).to(self.device)
+
+    def _autocast(self):
+        fp16 = self.options.precision == "fp16" and self.device.type == "cuda"
+        return torch.autocast("cuda", dtype=torch.float16, enabled=fp16)
+
+    def lm(self, tokens: int):
+        with self._autocast():
+            return self.decoder(self.lm_input, tokens, new_generator(self.device, 0))
+
+    def lm_bytes_per_step(self, tokens: int) -> int:
+        return lm_step_bytes(self.lm_module, self.lm_input.shape[1] + tokens / 2)
+
+    def flow(self, tokens, finalize: bool = True):
+        token = torch.tensor([tokens], dtype=torch.int32, device=self.device)
+        with self._autocast():
+            return self.flow_module.inference(token, self.prompt_token, self.prompt_feat, self.embedding,
+                                       streaming=False, finalize=finalize)
+
+    def vocoder(self, mel):
+        speech, _ = self.hift_module.inference(mel.float(), generator=new_generator(self.device, 1))
+        return speech
+
+    def stream(self, tokens: int):
+        """First chunk as v2 streams it (25 tokens + 3 of look-ahead), then the rest in one piece."""
+        first = min(tokens, 28)
+        out = self.lm(first)
+        yield self.vocoder(self.flow(out, finalize=first == tokens))
+        if tokens > first:
+            rest = self.lm(tokens)
+            yield self.vocoder(self.flow(rest))
+
+
+def cosyvoice2_driver(model_dir, random, options, settings, workdir):
+    """The factory `mizuoto bench --driver scripts/gpu_check.py:cosyvoice2_driver` calls."""
+    return CosyVoice2Bench(model_dir, random, options, settings, workdir)
+
+
+# --- checks ------------------------------------------------------------------------------------
+
+def _sampling_tests():
+    path = ROOT / "tests" / "runtime" / "lm" / "test_fast_sampling.py"
+    spec = importlib.util.spec_from_file_location("fast_sampling_cases", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def check_sampler(device: torch.device, seeds: int) -> dict:
+    """On-device draw (eager and graphed) vs upstream's loop on `device`: tokens and generator state."""
+    t = _sampling_tests()
+    t.SEEDS_PER_N = seeds
+    report = {}
+    for dtype in t.DTYPES:
+        cases = t.cases(dtype)
+        static = torch.zeros(t.VOCAB, dtype=dtype, device=device)
+        draw = GraphDraw(FastSampler("nucleus_sampling"), static)
+        bad = {"eager": 0, "graph": 0}
+        for i, (scores, n) in enumerate(cases):
+            s = scores.to(device)
+            torch.cuda.manual_seed(i) if device.type == "cuda" else torch.manual_seed(i)
+            want = t.upstream_nucleus(s.clone(), t.TOP_P, t.TOP_K)
+            want_state = torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
+            g = new_generator(device, i)
+            got = int(nucleus_draw(s.clone(), g, t.TOP_P, t.TOP_K, fixed_draws=True))
+            if device.type == "cuda":
+                bad["eager"] += got != want or not torch.equal(g.get_state(), want_state)
+            else:
+                bad["eager"] += got != want
+            g = new_generator(device, i)
+            static.copy_(s)
+            got = draw(static, [], g)
+            bad["graph"] += got != want or (device.type == "cuda" and not torch.equal(g.get_state(), want_state))
+        report[str(dtype).split(".")[-1]] = {"cases": len(cases), "mismatches": bad, "graph_captured": draw.captured}
+    return report
+
+
+def check_decode(device: torch.device, tokens: int, dtypes: list[torch.dtype]) -> dict:
+    """Upstream-style vs fast vs graphs on a full-size random CosyVoice 2 LM."""
+    with tempfile.TemporaryDirectory() as tmp:
+        _, lm, _, _, tok = build_random_cosyvoice2(Path(tmp))
+    text = "Mizuoto measures how fast each stage of a speech model runs on this machine, token by token."
+    report: dict = {"tokens": tokens}
+    bandwidth, source = device_bandwidth_gbs(device)
+    report["device_bandwidth_gb_per_s"], report["device_bandwidth_source"] = bandwidth, source
+    for dtype in dtypes:
+        lm = lm.to(device=device, dtype=dtype)
+        lm_input = request_input(lm, tok, text, "", 75, device)
+        positions = lm_input.shape[1] + tokens
+        step_bytes = lm_step_bytes(lm, lm_input.shape[1] + tokens / 2)
+        row: dict = {"bytes_per_step": step_bytes}
+        results = {}
+        modes = ["upstream", "fast"] + (["graphs"] if device.type == "cuda" else [])
+        for mode in modes:
+            dec = Decoder(lm, mode, positions)
+            dec(lm_input, 3, new_generator(device, 0))  # warm-up (and capture, for graphs)
+            per_token = []
+            for rep in range(2):
+                times: list[float] = []
+                synchronize(device)
+                toks = dec(lm_input, tokens, new_generator(device, 0), times=times)
+                synchronize(device)
+                per_token.append((times[-1] - times[0]) / (len(times) - 1))
+            ms = 1e3 * statistics.median(per_token)
+            between = lambda g: torch.randn(7, generator=g, device=device)  # noqa: E731
+            interleaved = dec(lm_input, min(tokens, 60), new_generator(device, 5), between=between)
+            results[mode] = (toks, interleaved)
+            row[mode] = {"ms_per_token": ms, "gb_per_s": step_bytes / (ms / 1e3) / 1e9,
+                         "bandwidth_fraction": (step_bytes / (ms / 1e3) / 1e9 / bandwidth) if bandwidth else None,
+                         "captured": bool(dec.step is not None and dec.step.captured)}
+        ref = results["upstream"]
+        row["tokens_equal"] = {m: r[0] == ref[0] for m, r in results.items()}
+        row["interleaved_tokens_equal"] = {m: r[1] == ref[1] for m, r in results.items()}
+        row["first_tokens"] = ref[0][:10]
+        report[str(dtype).split(".")[-1]] = row
+    return report
+
+
+def run_bench_tables(device: torch.device, tokens: int) -> dict:
+    """`mizuoto bench --random cosyvoice2` on the device: without and with CUDA graphs."""
+    from mizuoto.runtime.bench import BenchSettings, benchmark, format_table
+    from mizuoto.runtime.options import parse_options
+
+    settings = BenchSettings(tokens=tokens, runs=3, warmup=1, stream=True)
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        driver = None
+        for graphs in (False, True):
+            options = parse_options({"device": str(device), "compute.kv_cache": "static",
+                                     "compute.cuda_graphs": graphs}).resolved()
+            if driver is None:
+                driver = CosyVoice2Bench(None, "cosyvoice2", options, settings, Path(tmp))
+            else:  # the same modules, decoded the other way
+                driver.options = options
+                driver.decoder = Decoder(driver.lm_module, "graphs", driver.decoder.cache.max_len)
+                driver.name = driver.name.replace("decode: fast", "decode: graphs")
+            result = benchmark(driver, settings)
+            print(format_table(result), file=sys.stderr)
+            out["graphs" if graphs else "fast"] = result
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--quick", action="store_true", help="fewer seeds and tokens")
+    p.add_argument("--tokens", type=int, default=200)
+    p.add_argument("--seeds", type=int, default=20)
+    p.add_argument("--skip", action="append", default=[], choices=["sampler", "decode", "bench"])
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    tokens, seeds = (24, 2) if args.quick else (args.tokens, args.seeds)
+    report: dict = {"torch": torch.__version__, "device": str(device),
+                    "card": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    start = time.perf_counter()
+    if "sampler" not in args.skip:
+        report["sampler"] = check_sampler(device, seeds)
+    if "decode" not in args.skip:
+        dtypes = [torch.float32] + ([torch.bfloat16] if device.type == "cuda" else [])
+        report["decode"] = check_decode(device, tokens, dtypes)
+    if "bench" not in args.skip and device.type == "cuda":
+        report["bench"] = run_bench_tables(device, tokens)
+    report["seconds"] = time.perf_counter() - start
+    text = json.dumps(report, indent=2)
+    print(text)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "gpu_check.json").write_text(text)
+    ok = all(v["mismatches"] == {"eager": 0, "graph": 0} for v in report.get("sampler", {}).values())
+    for key, row in report.get("decode", {}).items():
+        if isinstance(row, dict) and "tokens_equal" in row:
+            ok &= all(row["tokens_equal"].values()) and all(row["interleaved_tokens_equal"].values())
+    print("ALL CHECKS PASSED" if ok else "SOME CHECKS FAILED", file=sys.stderr)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

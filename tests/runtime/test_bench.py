@@ -1,0 +1,148 @@
+"""`mizuoto bench`: the harness's arithmetic, output and driver lookup, with a stand-in driver."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from mizuoto.runtime import bench
+from mizuoto.runtime.errors import InvalidRequest
+
+
+class FakeDriver:
+    """Stages that do a little real work and report fixed sizes."""
+
+    name = "fake (random weights)"
+    sample_rate = 1000
+
+    def __init__(self, model_dir, random, options, settings, workdir):
+        self.device = torch.device(options.device)
+        self.args = (model_dir, random, settings, workdir)
+        self.calls: list[str] = []
+        if workdir is not None:  # --driver loads this file as its own module: report through a file
+            (Path(workdir) / "args.json").write_text(json.dumps([random, str(workdir)]))
+
+    def _call(self, stage):
+        self.calls.append(stage)
+        if self.args[3] is not None:
+            with open(Path(self.args[3]) / "calls.txt", "a") as f:
+                f.write(stage + "\n")
+
+    def lm(self, tokens):
+        self._call("lm")
+        return list(range(tokens))
+
+    def lm_bytes_per_step(self, tokens):
+        return 2_000_000
+
+    def flow(self, tokens):
+        self._call("flow")
+        return torch.zeros(1, 4, 2 * len(tokens))
+
+    def vocoder(self, mel):
+        self._call("vocoder")
+        return torch.zeros(1, mel.shape[-1] * 10)  # 20 samples per token at 1 kHz
+
+    def stream(self, tokens):
+        self._call("stream")
+        for _ in range(3):
+            yield torch.zeros(10)
+
+
+def fake_factory(*args):
+    return FakeDriver(*args)
+
+
+def test_summary_arithmetic():
+    driver = FakeDriver(None, None, argparse.Namespace(device="cpu"), None, None)
+    settings = bench.BenchSettings(tokens=100, runs=3)
+    runs = [{"lm_s": lm, "flow_s": 0.2, "vocoder_s": 0.1, "audio_s": 2.0, "first_chunk_s": 0.05,
+             "peak_bytes": 1e9} for lm in (1.0, 3.0, 2.0)]
+    r = bench.summarize(runs, driver, settings)
+    assert r["lm_ms_per_token"] == pytest.approx(20.0)  # median 2.0 s over 100 tokens
+    assert r["flow_ms_per_audio_second"] == pytest.approx(100.0)
+    assert r["vocoder_ms_per_audio_second"] == pytest.approx(50.0)
+    assert r["rtf"] == pytest.approx(2.3 / 2.0)
+    assert r["first_chunk_ms"] == pytest.approx(50.0)
+    assert r["lm_achieved_gb_per_s"] == pytest.approx(2e6 / 0.02 / 1e9)
+    assert "device_bandwidth_gb_per_s" not in r  # CPU: no device bandwidth
+    text = bench.format_table(r)
+    for needle in ("20.00 ms/token", "100.0 ms per second of audio", "RTF", "first chunk", "GB/s"):
+        assert needle in text
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser()
+    run = bench.configure(parser)
+    return run, parser.parse_args(argv)
+
+
+def test_command_runs_a_driver_and_prints_json(capsys, tmp_path):
+    run, args = _parse(["--random", "fake", "--driver", f"{Path(__file__)}:fake_factory", "--tokens", "7",
+                        "--runs", "3", "--warmup", "2", "--stream", "--device", "cpu", "--json",
+                        "--workdir", str(tmp_path)])
+    assert run(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["tokens"] == 7 and out["runs"] == 3 and out["model"] == "fake (random weights)"
+    assert out["audio_seconds"] == pytest.approx(7 * 20 / 1000)
+    assert out["options"]["device"] == "cpu" and out["settings"]["stream"] is True
+    assert "first_chunk_ms" in out and out["peak_memory_bytes"] > 0
+    calls = (tmp_path / "calls.txt").read_text().split()
+    assert calls == ["lm", "flow", "vocoder", "stream"] * 5  # 2 warm-up + 3 measured
+    assert json.loads((tmp_path / "args.json").read_text()) == ["fake", str(tmp_path)]
+
+
+def test_command_prints_a_table(capsys):
+    run, args = _parse(["--random", "fake", "--driver", f"{Path(__file__)}:fake_factory", "--tokens", "3",
+                        "--runs", "1", "--warmup", "0", "--device", "cpu"])  # a temporary workdir
+    assert run(args) == 0
+    text = capsys.readouterr().out
+    assert "ms/token" in text and "fake (random weights)" in text and "first chunk" not in text
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--tokens", "3"], "model directory or --random"),
+    (["somewhere", "--random", "x"], "model directory or --random"),
+    (["--random", "nope-model"], "no engine builds a random 'nope-model'"),
+    (["--random", "x", "--driver", "no-colon"], "FILE.py:NAME"),
+    (["--random", "x", "--driver", "/no/such/file.py:f"], "no such file"),
+    (["--random", "x", "--driver", "mizuoto.runtime.bench:nothing_here"], "has no 'nothing_here'"),
+    (["--random", "x", "--tokens", "0", "--driver", "mizuoto.runtime.bench:x"], "--tokens"),
+])
+def test_bad_invocations_are_clear_errors(argv, message):
+    run, args = _parse(argv)
+    with pytest.raises(InvalidRequest, match=message):
+        run(args)
+
+
+def test_main_reports_errors_in_one_line(capsys):
+    assert bench.main(["--random", "nope-model"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: bench: no engine builds")
+
+
+def test_add_bench_command_registers_a_subcommand():
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command")
+    bench.add_bench_command(sub)
+    args = parser.parse_args(["bench", "--random", "cosyvoice2", "--json"])
+    assert args.run is bench.run_bench and args.random == "cosyvoice2" and args.json
+
+
+def test_device_bandwidth_off_cuda():
+    assert bench.device_bandwidth_gbs(torch.device("cpu"))[0] is None
+    assert bench.copy_bandwidth_gbs(torch.device("cpu")) is None
+    assert bench.peak_memory_bytes(torch.device("cpu"))[0] > 0
+
+
+def test_cpu_defaults_are_one_short_run(capsys):
+    run, args = _parse(["--random", "fake", "--driver", f"{Path(__file__)}:fake_factory", "--device", "cpu",
+                        "--json"])
+    assert run(args) == 0
+    settings = json.loads(capsys.readouterr().out)["settings"]
+    assert (settings["tokens"], settings["runs"], settings["warmup"]) == (
+        bench.CPU_DEFAULTS["tokens"], bench.CPU_DEFAULTS["runs"], bench.CPU_DEFAULTS["warmup"])
