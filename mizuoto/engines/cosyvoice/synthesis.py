@@ -170,6 +170,10 @@ class Synthesizer:
     def _token2wav(self, tokens: list[int], inputs: dict[str, Any], state: "_State", gen: torch.Generator, *,
                    offset: int, streaming: bool, finalize: bool, speed: float = 1.0) -> torch.Tensor:
         s = self.schedule
+        if not tokens:
+            # The LM may stop at once (a streamed-text final decode allows eos at its first step);
+            # upstream's vocoder then fails on an empty mel: this segment simply has no audio.
+            return torch.zeros(1, 0)
         token = torch.tensor([tokens], dtype=torch.int32)
         mel, state.flow_cache = self.flow(token, inputs["flow_prompt_speech_token"], inputs["prompt_speech_feat"],
                                           inputs["flow_embedding"], streaming=streaming, finalize=finalize,

@@ -1,0 +1,61 @@
+"""Complete CosyVoice directories for the contract suite.
+
+The fixture model dirs of CosyVoice hold only the yaml and llm/flow/hift: a user's directory
+also has the front-end ONNX files and tokenizer files. Each is assembled here (symlinks to the
+fixture files) and handed to the suite through $MIZUOTO_CONTRACT_MODELS, so every variant is
+checked as a user would load it. test_contract.py also offers the bare fixture dirs (the
+engine detects them by their yaml, and correctly refuses to load a v2/v3 one: it can serve no
+mode); those cases are deselected, their assembled copies replace them.
+"""
+
+import atexit
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from mizuoto.runtime.errors import MizuotoError
+from mizuoto.testing.contract import ENV_MODELS, Case
+from mizuoto.testing.cosyvoice_cases import assemble_model_dir
+from mizuoto.testing.fixtures import fixtures_root
+
+_HERE = Path(__file__).resolve().parent
+_BARE = sorted(p for p in fixtures_root().glob("cosyvoice/*/model") if p.is_dir())
+_TMP = Path(tempfile.mkdtemp(prefix="mizuoto-contract-cosyvoice-"))
+atexit.register(shutil.rmtree, _TMP, ignore_errors=True)
+ASSEMBLED = [assemble_model_dir(d, _TMP / f"assembled-{d.parent.name}" / "model") for d in _BARE]
+os.environ[ENV_MODELS] = os.pathsep.join(
+    [p for p in os.environ.get(ENV_MODELS, "").split(os.pathsep) if p] + [str(p) for p in ASSEMBLED])
+
+# Streaming text in on the tiny random-weight v2/v3 LMs: upstream's bistream decode may end at
+# once (eos is allowed from the first step after the text) or, on v3, raise on a special token
+# other than eos; both end in a clear MizuotoError. tests/engines/cosyvoice/test_bistream.py
+# checks the feature itself.
+_TINY_BISTREAM = "random-weight LM: upstream's bistream may stop at once or raise (clear MizuotoError)"
+
+
+def _case_dir(item) -> Path | None:
+    """The model dir of a contract-suite item of this folder (this hook sees every item of the session)."""
+    if Path(item.path).parent != _HERE or not hasattr(item, "callspec"):
+        return None
+    case = item.callspec.params.get("case")
+    return Path(case.model_dir) if isinstance(case, Case) else None
+
+
+def pytest_collection_modifyitems(config, items):
+    bare = {d.resolve() for d in _BARE}
+    keep, dropped = [], []
+    for item in items:
+        model_dir = _case_dir(item)
+        if model_dir is not None and model_dir.resolve() in bare:
+            dropped.append(item)
+            continue
+        if model_dir is not None and item.originalname == "test_streaming_text_in" \
+                and model_dir in ASSEMBLED and not (model_dir / "cosyvoice.yaml").is_file():
+            item.add_marker(pytest.mark.xfail(raises=MizuotoError, strict=False, reason=_TINY_BISTREAM))
+        keep.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep

@@ -1,0 +1,79 @@
+"""Complete CosyVoice model directories for the engine-level tests, and the fixture clips.
+
+The fixture model dirs hold only yaml + llm/flow/hift (+ spk2info.pt); `assemble_model_dir`
+adds the front-end ONNX files and tokenizer files. Dirs and clips are discovered, never named.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mizuoto.engines.cosyvoice.variants import find_variant
+from mizuoto.runtime.api import Runtime
+from mizuoto.testing.cosyvoice_cases import assemble_model_dir
+from mizuoto.testing.fixtures import fixtures_root
+
+MODEL_DIRS = sorted(p for p in fixtures_root().glob("cosyvoice/*/model") if p.is_dir())
+MODEL_IDS = [p.parent.name for p in MODEL_DIRS]
+
+
+def version_of(model_dir: Path) -> int:
+    """The CosyVoice generation of a model dir (1, 2 or 3), from its yaml."""
+    return find_variant(model_dir).version
+
+
+# fixture name -> which fixture model dirs it is parametrized over
+_DIR_PARAMS = {
+    "variant_dir": lambda d: True,
+    "stream_in_dir": lambda d: version_of(d) >= 2,               # streaming text in (bistream)
+    # v2's Qwen2LM bistream; v3's raises on any special token but eos/fill, which its tiny
+    # random-weight LM draws within a few dozen steps (see test_bistream.py)
+    "bistream_dir": lambda d: version_of(d) == 2,
+    "preset_dir": lambda d: (d / "spk2info.pt").is_file(),      # preset speakers (v1 SFT/Instruct)
+}
+
+
+def pytest_generate_tests(metafunc) -> None:
+    """Parametrize model-dir arguments over the discovered fixture model dirs (ids: the version folder)."""
+    for name, keep in _DIR_PARAMS.items():
+        if name in metafunc.fixturenames:
+            dirs = [d for d in MODEL_DIRS if keep(d)]
+            metafunc.parametrize(name, dirs, ids=[d.parent.name for d in dirs])
+
+
+def clips() -> list[tuple[Path, int, int]]:
+    """(wav path, sample rate, samples) of every fixture clip, shortest first."""
+    root = fixtures_root() / "frontend"
+    manifest = json.loads((root / "manifest.json").read_text(encoding="utf-8"))
+    found = [(root / c["wav"], int(c["sample_rate"]), int(c["num_samples"])) for c in manifest["clips"].values()]
+    return sorted(found, key=lambda c: c[2] / c[1])
+
+
+def short_clip() -> Path:
+    """The shortest fixture clip (keeps prompts, and so the tests, small)."""
+    return clips()[0][0]
+
+
+@pytest.fixture
+def clip() -> Path:
+    """The shortest fixture clip."""
+    return short_clip()
+
+
+@pytest.fixture(scope="session")
+def assembled(tmp_path_factory) -> dict[Path, Path]:
+    """fixture model dir -> a complete model dir assembled from it (once per session)."""
+    base = tmp_path_factory.mktemp("cosyvoice-assembled")
+    return {d: assemble_model_dir(d, base / d.parent.name / "model") for d in MODEL_DIRS}
+
+
+@pytest.fixture(scope="session")
+def runtime(assembled):
+    """One Runtime holding every assembled model, by fixture model dir."""
+    rt = Runtime()
+    names = {d: rt.load(path, name=f"cosyvoice-{d.parent.name}") for d, path in assembled.items()}
+    yield rt, names
+    rt.close()

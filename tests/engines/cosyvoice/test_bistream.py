@@ -1,0 +1,125 @@
+"""Streaming text in (upstream's inference_bistream, v2/v3): a text iterator in the request.
+
+Upstream's bistream was not recorded, so these check behaviour: audio arrives while the text is
+still being read, the reference text is required, and tokens are deterministic for a seed.
+CosyVoice 3's bistream (as upstream's) raises when the LM draws a special token other than
+eos / fill; the tiny random-weight v3 LM does so within a few dozen steps, so on it the check
+is that the outcome, tokens and error alike, is deterministic and the error is a clear one.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mizuoto.runtime.engine import Reference, SynthesisRequest
+from mizuoto.runtime.errors import InvalidRequest, MizuotoError
+
+WORDS = ("one two three four five six seven eight nine ten " * 4).split()
+REF_TEXT = "A short reference sentence."
+
+
+class Pieces:
+    """A text iterator that counts how many pieces have been read."""
+
+    def __init__(self, words):
+        self.words, self.read = list(words), 0
+
+    def __iter__(self):
+        for word in self.words:
+            self.read += 1
+            yield word + " "
+
+
+def _record_tokens(model, monkeypatch) -> list[list[int]]:
+    """Every request's final speech-token list, via the synthesizer's on_tokens observer."""
+    seen: list[list[int]] = []
+    make = model.synthesizer
+
+    def synthesizer(with_lm: bool = True):
+        synth = make(with_lm)
+        synth.on_tokens = seen.append
+        return synth
+    monkeypatch.setattr(model, "synthesizer", synthesizer)
+    return seen
+
+
+def test_audio_arrives_while_text_is_read(runtime, bistream_dir, clip, monkeypatch):
+    rt, names = runtime
+    name = names[bistream_dir]
+    tokens = _record_tokens(rt.model(name), monkeypatch)
+    runs = []
+    for _ in range(2):
+        pieces = Pieces(WORDS)
+        request = SynthesisRequest(pieces, voice=Reference(str(clip), REF_TEXT), seed=21, stream=True)
+        assert request.mode is None and request.text_streamed
+        read_at, chunks = [], []
+        for chunk in rt.synthesize(name, request):
+            read_at.append(pieces.read)
+            chunks.append(chunk)
+        assert len(chunks) >= 2 and chunks[-1].final and not any(c.final for c in chunks[:-1])
+        assert read_at[0] < len(WORDS), "the first chunk waited for the whole text"
+        assert all(c.samples.numel() > 0 for c in chunks[:-1])
+        runs.append(chunks)
+    assert len(tokens) == 2 and tokens[0] == tokens[1] and len(tokens[0]) > 0, "tokens differ for one seed"
+    assert all(torch.equal(a.samples, b.samples) for a, b in zip(*runs))
+
+
+def test_instruct_takes_streamed_text(runtime, bistream_dir, clip):
+    rt, names = runtime
+    name = names[bistream_dir]
+    request = SynthesisRequest(Pieces(WORDS), voice=Reference(str(clip)), instruct="Speak slowly.",
+                               seed=21, stream=True)
+    chunks = list(rt.synthesize(name, request))
+    assert chunks[-1].final and sum(c.samples.numel() for c in chunks) > 0
+
+
+def test_tokens_are_deterministic_for_a_seed(runtime, stream_in_dir, clip):
+    """Same seed, same outcome (tokens, or the same error after the same tokens); another seed differs."""
+    rt, names = runtime
+    model = rt.model(names[stream_in_dir])
+    prompt = model.frontend.voice_prompt(str(clip), REF_TEXT)
+
+    def decode(seed: int):
+        text = model.frontend.streamed_tokens(iter(w + " " for w in WORDS))
+        out = []
+        try:
+            for token in model.llm.generate_bistream(text, prompt["prompt_text"], prompt["llm_prompt_speech_token"],
+                                                     generator=torch.Generator().manual_seed(seed)):
+                out.append(token)
+        except MizuotoError as e:  # v3's special-token stop, as upstream's ValueError
+            return out, str(e)
+        return out, None
+
+    first = decode(5)
+    assert first == decode(5)
+    assert first[0] or first[1], "no tokens and no error"
+    if first[1] is not None:
+        assert "special token" in first[1]
+    assert decode(6) != first
+
+
+def test_without_reference_text_is_refused(runtime, stream_in_dir, clip):
+    rt, names = runtime
+    name = names[stream_in_dir]
+    # no reference text: the mode resolves to cross_lingual, which cannot take streamed text
+    with pytest.raises(InvalidRequest, match="reference text"):
+        list(rt.synthesize(name, SynthesisRequest(Pieces(WORDS), voice=Reference(str(clip)), stream=True)))
+    with pytest.raises(InvalidRequest, match="reference text"):
+        SynthesisRequest(Pieces(WORDS), mode="clone", voice=Reference(str(clip)), stream=True)
+    rt.add_voice(name, "bistream-no-text", str(clip))
+    with pytest.raises(InvalidRequest, match="reference text"):
+        list(rt.synthesize(name, SynthesisRequest(Pieces(WORDS), mode="clone", voice="bistream-no-text",
+                                                  stream=True)))
+    model = rt.model(name)
+    with pytest.raises(InvalidRequest, match="reference text"):
+        next(model.llm.generate_bistream(iter([]), torch.zeros(1, 0, dtype=torch.int32)))
+
+
+def test_v1_refuses_streamed_text(runtime, variant_dir, clip):
+    rt, names = runtime
+    name = names[variant_dir]
+    if rt.model(name).capabilities.stream_in:
+        return
+    with pytest.raises(InvalidRequest, match="streamed text"):
+        rt.synthesize(name, SynthesisRequest(Pieces(WORDS), voice=Reference(str(clip), REF_TEXT), stream=True))
