@@ -1,4 +1,4 @@
-"""Issue 8's device checks, in one script, plus the random-weight CosyVoice 2 bench driver.
+"""Issue 8's device checks, in one script: the GPU check to run where a CUDA machine is lent.
 
 Run on a CUDA machine from the repository root (assets from ../shared, or $MIZUOTO_ASSETS):
 
@@ -14,10 +14,8 @@ It prints one JSON document (also written to $OUT/gpu_check.json when $OUT is se
    loop (dynamic cache, upstream sampler), of the on-device sampler with the static cache, and
    of CUDA graphs; equal, also when other draws from the same generator come between tokens
    (as CosyVoice 3's streaming flow does); ms/token of each and the LM step's GB/s.
-
-The bench driver (`cosyvoice2_driver`) is what `mizuoto bench --random cosyvoice2` runs:
-    python -m mizuoto.runtime.bench --random cosyvoice2 --driver scripts/gpu_check.py:cosyvoice2_driver
-It lives here until the CosyVoice engine offers it (`bench_driver` / `bench_random`).
+3. bench (CUDA only): `mizuoto bench --random cosyvoice2 --stream` tables without and with
+   CUDA graphs (the driver and the random model are mizuoto/engines/cosyvoice/bench.py's).
 """
 
 from __future__ import annotations
@@ -35,47 +33,25 @@ from pathlib import Path
 
 import torch
 
-from mizuoto.engines.cosyvoice.flow import build_flow
-from mizuoto.engines.cosyvoice.hift import build_hift
-from mizuoto.engines.cosyvoice.llm import build_lm
+from mizuoto.engines.cosyvoice.bench import BLANK_EN, bench_driver, build_random_cosyvoice2, lm_step_bytes
+from mizuoto.engines.cosyvoice.llm import load_lm
+from mizuoto.engines.cosyvoice.variants import find_variant, load_config
 from mizuoto.runtime.bench import device_bandwidth_gbs, synchronize
 from mizuoto.runtime.graphs import use_cuda_graphs
-from mizuoto.runtime.hyperyaml import load_hyperyaml
 from mizuoto.runtime.lm.graph_step import GraphDecodeStep, GraphDraw
 from mizuoto.runtime.lm.sampling import FastSampler, nucleus_draw
-from mizuoto.testing.fixtures import asset_path
 from mizuoto.text.tokenize.qwen import QwenTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
-BLANK_EN = "CosyVoice-BlankEN"
 
 
-# --- a full-size random CosyVoice 2 ----------------------------------------------------------
+# --- a full-size random CosyVoice 2 (written by the engine's bench module) ---------------------
 
-def build_random_cosyvoice2(workdir: Path, seed: int = 0):
-    """(config, lm, flow, hift, tokenizer) at the real sizes, with random (default-init) weights."""
-    src = asset_path("cosyvoice", "CosyVoice2-0.5B", "cosyvoice2.yaml")
-    blank = asset_path("cosyvoice", BLANK_EN)
-    (workdir / BLANK_EN).mkdir(parents=True, exist_ok=True)
-    shutil.copy(src, workdir / "cosyvoice2.yaml")
-    shutil.copy(blank / "config.json", workdir / BLANK_EN / "config.json")
-    config = load_hyperyaml(workdir / "cosyvoice2.yaml")
-    torch.manual_seed(seed)
-    lm = build_lm(config["llm"], workdir).eval()
-    flow = build_flow(config).eval()
-    hift = build_hift(config).eval()
-    return config, lm, flow, hift, QwenTokenizer.from_dir(blank)
-
-
-def lm_step_bytes(lm, positions: float) -> int:
-    """Bytes one decode step reads: every decoder layer, the final norm, the speech head, the KV cache."""
-    dec = lm.llm
-    weights = sum(p.numel() * p.element_size() for n, p in dec.named_parameters() if not n.startswith("embed_tokens"))
-    weights += sum(p.numel() * p.element_size() for p in lm.llm_decoder.parameters())
-    if dec.lm_head is not None:
-        weights -= sum(p.numel() * p.element_size() for p in dec.lm_head.parameters())
-    kv = dec.config.kv_bytes_per_position(dec.embed_tokens.weight.element_size(), repeated=False)
-    return int(weights + kv * positions)
+def random_lm(workdir: Path):
+    """(lm, tokenizer) of a full-size random CosyVoice 2 written to `workdir` (sizes from the assets)."""
+    model_dir = build_random_cosyvoice2(workdir / "random-cosyvoice2")
+    config = load_config(model_dir, find_variant(model_dir))
+    return load_lm(model_dir, config), QwenTokenizer.from_dir(model_dir / BLANK_EN)
 
 
 class Decoder:
@@ -136,68 +112,6 @@ def new_generator(device: torch.device, seed: int) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
 
 
-# --- the bench driver ---------------------------------------------------------------------------
-
-class CosyVoice2Bench:
-    """`mizuoto bench` driver: random full-size CosyVoice 2, the decode path the options select."""
-
-    sample_rate = 24000
-
-    def __init__(self, model_dir, random, options, settings, workdir) -> None:
-        if model_dir is not None or random != "cosyvoice2":
-            raise SystemExit("this driver only builds --random cosyvoice2")
-        self.device = torch.device(options.device)
-        self.options, self.settings = options, settings
-        self.config, lm, flow, hift, tok = build_random_cosyvoice2(Path(workdir))
-        self.lm_module, self.flow_module, self.hift_module = lm.to(self.device), flow.to(self.device), hift.to(self.device)
-        on_cuda = self.device.type == "cuda"
-        mode = "graphs" if on_cuda and options.compute.cuda_graphs else "fast" if on_cuda else "upstream"
-        if not on_cuda and options.compute.kv_cache == "static":
-            mode = "fast"
-        self.lm_input = request_input(lm, tok, settings.text, settings.prompt_text, 75, self.device)
-        self.decoder = Decoder(self.lm_module, mode, self.lm_input.shape[1] + settings.tokens)
-        self.name = f"cosyvoice2 (random weights; LM decode: {mode}; {options.precision})"
-        g = torch.Generator().manual_seed(2)
-        self.prompt_token = torch.randint(0, 6561, (1, 75), generator=g).to(self.device)
-        self.prompt_feat = torch.randn(1, 150, 80, generator=g).to(self.device)
-        self.embedding = torch.randn(1, 192, generator=g).to(self.device)
-
-    def _autocast(self):
-        fp16 = self.options.precision == "fp16" and self.device.type == "cuda"
-        return torch.autocast("cuda", dtype=torch.float16, enabled=fp16)
-
-    def lm(self, tokens: int):
-        with self._autocast():
-            return self.decoder(self.lm_input, tokens, new_generator(self.device, 0))
-
-    def lm_bytes_per_step(self, tokens: int) -> int:
-        return lm_step_bytes(self.lm_module, self.lm_input.shape[1] + tokens / 2)
-
-    def flow(self, tokens, finalize: bool = True):
-        token = torch.tensor([tokens], dtype=torch.int32, device=self.device)
-        with self._autocast():
-            return self.flow_module.inference(token, self.prompt_token, self.prompt_feat, self.embedding,
-                                       streaming=False, finalize=finalize)
-
-    def vocoder(self, mel):
-        speech, _ = self.hift_module.inference(mel.float(), generator=new_generator(self.device, 1))
-        return speech
-
-    def stream(self, tokens: int):
-        """First chunk as v2 streams it (25 tokens + 3 of look-ahead), then the rest in one piece."""
-        first = min(tokens, 28)
-        out = self.lm(first)
-        yield self.vocoder(self.flow(out, finalize=first == tokens))
-        if tokens > first:
-            rest = self.lm(tokens)
-            yield self.vocoder(self.flow(rest))
-
-
-def cosyvoice2_driver(model_dir, random, options, settings, workdir):
-    """The factory `mizuoto bench --driver scripts/gpu_check.py:cosyvoice2_driver` calls."""
-    return CosyVoice2Bench(model_dir, random, options, settings, workdir)
-
-
 # --- checks ------------------------------------------------------------------------------------
 
 def _sampling_tests():
@@ -237,10 +151,9 @@ def check_sampler(device: torch.device, seeds: int) -> dict:
     return report
 
 
-def check_decode(device: torch.device, tokens: int, dtypes: list[torch.dtype]) -> dict:
+def check_decode(device: torch.device, tokens: int, dtypes: list[torch.dtype], workdir: Path) -> dict:
     """Upstream-style vs fast vs graphs on a full-size random CosyVoice 2 LM."""
-    with tempfile.TemporaryDirectory() as tmp:
-        _, lm, _, _, tok = build_random_cosyvoice2(Path(tmp))
+    lm, tok = random_lm(workdir)
     text = "Mizuoto measures how fast each stage of a speech model runs on this machine, token by token."
     report: dict = {"tokens": tokens}
     bandwidth, source = device_bandwidth_gbs(device)
@@ -278,27 +191,21 @@ def check_decode(device: torch.device, tokens: int, dtypes: list[torch.dtype]) -
     return report
 
 
-def run_bench_tables(device: torch.device, tokens: int) -> dict:
-    """`mizuoto bench --random cosyvoice2` on the device: without and with CUDA graphs."""
+def run_bench_tables(device: torch.device, tokens: int, workdir: Path) -> dict:
+    """`mizuoto bench --random cosyvoice2 --stream` on the device: without and with CUDA graphs."""
     from mizuoto.runtime.bench import BenchSettings, benchmark, format_table
     from mizuoto.runtime.options import parse_options
 
     settings = BenchSettings(tokens=tokens, runs=3, warmup=1, stream=True)
     out = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        driver = None
-        for graphs in (False, True):
-            options = parse_options({"device": str(device), "compute.kv_cache": "static",
-                                     "compute.cuda_graphs": graphs}).resolved()
-            if driver is None:
-                driver = CosyVoice2Bench(None, "cosyvoice2", options, settings, Path(tmp))
-            else:  # the same modules, decoded the other way
-                driver.options = options
-                driver.decoder = Decoder(driver.lm_module, "graphs", driver.decoder.cache.max_len)
-                driver.name = driver.name.replace("decode: fast", "decode: graphs")
-            result = benchmark(driver, settings)
-            print(format_table(result), file=sys.stderr)
-            out["graphs" if graphs else "fast"] = result
+    for graphs in (False, True):
+        options = parse_options({"device": str(device), "compute.kv_cache": "static",
+                                 "compute.cuda_graphs": graphs}).resolved()
+        driver = bench_driver(None, "cosyvoice2", options, settings, workdir)
+        result = benchmark(driver, settings)
+        print(format_table(result), file=sys.stderr)
+        out["graphs" if graphs else "fast"] = result
+        del driver
     return out
 
 
@@ -309,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=200)
     p.add_argument("--seeds", type=int, default=20)
     p.add_argument("--skip", action="append", default=[], choices=["sampler", "decode", "bench"])
+    p.add_argument("--workdir", help="where the random full-size model is written (reused if there)")
     args = p.parse_args(argv)
     device = torch.device(args.device)
     tokens, seeds = (24, 2) if args.quick else (args.tokens, args.seeds)
@@ -316,13 +224,16 @@ def main(argv: list[str] | None = None) -> int:
                     "card": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                     "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     start = time.perf_counter()
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="gpu-check-"))
     if "sampler" not in args.skip:
         report["sampler"] = check_sampler(device, seeds)
     if "decode" not in args.skip:
         dtypes = [torch.float32] + ([torch.bfloat16] if device.type == "cuda" else [])
-        report["decode"] = check_decode(device, tokens, dtypes)
+        report["decode"] = check_decode(device, tokens, dtypes, workdir)
     if "bench" not in args.skip and device.type == "cuda":
-        report["bench"] = run_bench_tables(device, tokens)
+        report["bench"] = run_bench_tables(device, tokens, workdir)
+    if not args.workdir:
+        shutil.rmtree(workdir, ignore_errors=True)
     report["seconds"] = time.perf_counter() - start
     text = json.dumps(report, indent=2)
     print(text)

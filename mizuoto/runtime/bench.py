@@ -9,8 +9,9 @@ latency when streaming, real-time factor, peak memory, and on CUDA the LM step's
 memory bandwidth against the device's.
 
 Drivers are found through the engine registry: an Engine class may offer
-`bench_driver(model_dir, random, options, settings, workdir) -> BenchDriver` and list in
-`bench_random` the model kinds it can build with random weights (`--random cosyvoice2`).
+`bench_driver(model_dir, random, options, settings, workdir[, assets=]) -> BenchDriver` and
+list in `bench_random` the model kinds it can build with random weights (`--random cosyvoice2`;
+`assets` is passed only when `--assets` is given).
 `--driver path/to/file.py:factory` (or `package.module:factory`) names one directly.
 """
 
@@ -59,9 +60,10 @@ class BenchSettings:
             raise InvalidRequest("bench: --tokens and --runs must be >= 1 and --warmup >= 0")
 
 
-# A full-size model is slow off CUDA (a CosyVoice 2 flow takes about a minute per second of
-# audio on two CPU cores): there the defaults are one short run, so the command ends in minutes.
-CPU_DEFAULTS = {"tokens": 25, "runs": 1, "warmup": 0}
+# A full-size model is slow off CUDA (a CosyVoice 2 flow takes about 5 s per second of audio on
+# two CPU cores): there the defaults are one short run, so the command ends in minutes. It
+# keeps one warm-up: the first pass over freshly loaded weights is several times slower.
+CPU_DEFAULTS = {"tokens": 25, "runs": 1, "warmup": 1}
 
 
 class BenchDriver(Protocol):
@@ -280,9 +282,13 @@ def find_factory(model_dir: Path | None, random: str | None) -> Callable[..., Be
 def configure(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     """Add the bench arguments to `p`; return the runner."""
     p.add_argument("model_dir", nargs="?", help="model directory (or use --random)")
+    p.add_argument("-m", "--model", dest="model_opt", metavar="DIR", help="model directory (same as MODEL_DIR)")
     p.add_argument("--random", metavar="KIND", help="build a full-size model with random weights, e.g. cosyvoice2")
     p.add_argument("--driver", metavar="FILE.py:NAME", help="bench driver factory to use instead of the engine's")
-    p.add_argument("--workdir", help="where --random writes its model directory (default: a temporary one)")
+    p.add_argument("--workdir", help="where --random writes its model directory (default: a temporary one;"
+                   " a directory written before is reused)")
+    p.add_argument("--assets", help="where --random finds the model's yaml and configs (default: $MIZUOTO_ASSETS"
+                   " or the shared assets)")
     p.add_argument("--text", default=BenchSettings.text, help="text of the request")
     p.add_argument("--prompt-text", default="", help="prompt (reference) text of the request")
     p.add_argument("--tokens", type=int, help=f"speech tokens per run, stop tokens suppressed "
@@ -323,6 +329,10 @@ def _options(args: argparse.Namespace) -> LoadOptions:
 
 def run_bench(args: argparse.Namespace) -> int:
     """Run `mizuoto bench` from parsed arguments; print the table or JSON."""
+    if getattr(args, "model_opt", None) is not None:
+        if args.model_dir is not None and args.model_dir != args.model_opt:
+            raise InvalidRequest("bench: give the model directory once (MODEL_DIR or -m DIR)")
+        args.model_dir = args.model_opt
     if (args.model_dir is None) == (args.random is None):
         raise InvalidRequest("bench: give a model directory or --random KIND (one of them)")
     options = _options(args)
@@ -335,7 +345,8 @@ def run_bench(args: argparse.Namespace) -> int:
     factory = load_factory(args.driver) if args.driver else find_factory(model_dir, args.random)
     with tempfile.TemporaryDirectory(prefix="mizuoto-bench-") as tmp:
         workdir = Path(args.workdir) if args.workdir else Path(tmp)
-        driver = factory(model_dir, args.random, options, settings, workdir)
+        extra = {"assets": args.assets} if getattr(args, "assets", None) else {}
+        driver = factory(model_dir, args.random, options, settings, workdir, **extra)
         try:
             result = benchmark(driver, settings, args.bandwidth)
         except torch.OutOfMemoryError as exc:

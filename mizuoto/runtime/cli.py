@@ -9,7 +9,7 @@ from pathlib import Path
 
 from mizuoto.runtime.errors import InvalidRequest, MemoryBudgetError, MizuotoError
 
-# Subcommand name -> (setup(parser), run(args) -> exit code). `serve` and `bench` join here later.
+# Subcommand name -> (help, setup(parser) -> run(args) -> exit code).
 COMMANDS: dict[str, tuple[str, Callable]] = {}
 
 
@@ -175,6 +175,13 @@ def _serve_setup(p: argparse.ArgumentParser) -> Callable:
 
     add_serve_arguments(p)
     return run_serve
+
+
+@command("bench", "time each stage of a model on a fixed request (LM, flow, vocoder; --random builds one)")
+def _bench_setup(p: argparse.ArgumentParser) -> Callable:
+    from mizuoto.runtime.bench import configure
+
+    return configure(p)
 
 
 def build_parser() -> argparse.ArgumentParser:

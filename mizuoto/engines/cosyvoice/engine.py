@@ -28,7 +28,8 @@ from mizuoto.engines.cosyvoice.variants import Variant, find_variant, load_confi
 from mizuoto.nn.vocoders.f0 import f0_device
 from mizuoto.runtime.engine import (MODES, AudioChunk, Capabilities, Engine, Model, Reference, Stage,
                                     SynthesisRequest, Voice)
-from mizuoto.runtime.errors import InvalidRequest, ModelLoadError
+from mizuoto.runtime.errors import InvalidRequest, MizuotoError, ModelLoadError
+from mizuoto.runtime.graphs import use_cuda_graphs
 from mizuoto.runtime.options import LoadOptions
 
 log = logging.getLogger("mizuoto.cosyvoice")
@@ -44,10 +45,21 @@ class CosyVoiceEngine(Engine):
     capabilities = Capabilities(modes=frozenset(MODES), sample_rate=24000, stream_out=True, stream_in=True,
                                 languages=LANGUAGES, voice_cache=True)
 
+    bench_random = ("cosyvoice2",)  # `mizuoto bench --random cosyvoice2`
+
+    def bench_driver(self, model_dir: Path | None, random: str | None, options: Any, settings: Any,
+                     workdir: Path, **kwargs: Any) -> Any:
+        """`mizuoto bench`'s driver for a CosyVoice 2/3 directory or a random full-size model."""
+        from mizuoto.engines.cosyvoice.bench import bench_driver
+
+        return bench_driver(model_dir, random, options, settings, workdir, **kwargs)
+
     def detect(self, model_dir: Path) -> bool | str:
         """"cosyvoice1|2|3" when the directory holds that generation's yaml."""
         try:
             variant = find_variant(model_dir)
+        except ModelLoadError:
+            return "cosyvoice"  # several yamls: ours, and load says which to keep
         except Exception:
             return False
         return f"cosyvoice{variant.version}" if variant else False
@@ -74,6 +86,10 @@ class CosyVoiceModel(Model):
         device = torch.device(self.options.device)
         self.llm = load_lm(model_dir, config)
         self.flow = load_flow_weights(build_flow(config), model_dir / "flow.pt")
+        self._graphs_arg = self._cuda_graphs(device)
+        if self.options.compute.compile:
+            # in place (Module.compile): parameter names, device moves and memory sizes stay as they are
+            self.flow.decoder.estimator.compile()
         noise = cosyvoice3_noise(config) if variant.version == 3 else None
         self.hift = load_hift(model_dir / "hift.pt", config, noise, device="cpu")
         self.frontend = CosyVoiceFrontend(model_dir, variant, config, device="cpu")
@@ -97,6 +113,15 @@ class CosyVoiceModel(Model):
                   memory=frames_stage_memory(self.hift, self.sample_rate)),
         )
         self._caps = self._capabilities()
+
+    def _cuda_graphs(self, device: torch.device) -> dict[str, bool]:
+        """The LM's `cuda_graphs` argument; when requested but impossible, log why once, here."""
+        requested = self.options.compute.cuda_graphs
+        if not hasattr(self.llm, "generate_bistream"):  # v1's wenet LM has no graphed step
+            use_cuda_graphs(requested, device, "the LM", "CosyVoice 1's LM has no graphed decode step")
+            return {}
+        why = None if self.options.compute.kv_cache == "static" else "it needs compute.kv_cache=static"
+        return {"cuda_graphs": use_cuda_graphs(requested, device, "the LM", why)}
 
     # -- contract ------------------------------------------------------------------------------
     @property
@@ -178,7 +203,8 @@ class CosyVoiceModel(Model):
         if request.stream and request.speed != 1.0:
             raise InvalidRequest("speed can only be changed without streaming (as upstream)")
         if request.text_streamed and (self.variant.version < 2 or mode not in ("clone", "instruct")):
-            raise InvalidRequest("streaming text in needs CosyVoice 2/3 in clone or instruct mode")
+            raise InvalidRequest("streaming text in needs CosyVoice 2/3 and a reference text (mode clone, "
+                                 f"or instruct); got mode {mode!r} on CosyVoice {self.variant.version}")
         inputs = self._inputs(request)  # everything that can fail on bad input, before any audio
         seed = request.seed if request.seed is not None else int(torch.randint(0, 2**31 - 1, (1,)))
         lm_gen, voc_gen = request_generators(seed, request.stream, mode != "vc")
@@ -192,16 +218,22 @@ class CosyVoiceModel(Model):
 
     def _chunks(self, synth: Synthesizer, inputs: Iterator[dict], request: SynthesisRequest,
                 lm_gen: torch.Generator, voc_gen: torch.Generator) -> Iterator[AudioChunk]:
-        pending, index = None, 0
-        for model_input in inputs:
-            for audio in synth.run(model_input, stream=request.stream, speed=request.speed,
-                                   lm_gen=lm_gen, voc_gen=voc_gen):
-                if pending is not None:
-                    yield AudioChunk(pending, self.sample_rate, index, False)
-                    index += 1
-                pending = audio[0].float().contiguous()
-        if pending is None:
-            pending = torch.zeros(0)
+        audio = (piece[0].float().contiguous() for model_input in inputs
+                 for piece in synth.run(model_input, stream=request.stream, speed=request.speed,
+                                        lm_gen=lm_gen, voc_gen=voc_gen))
+        if not request.stream:
+            # upstream yields one output per text segment; a non-streaming request is one chunk
+            pieces = list(audio)
+            audio = iter([torch.cat(pieces)] if pieces else [])
+        pending, index, samples = None, 0, 0
+        for piece in audio:
+            if pending is not None:
+                yield AudioChunk(pending, self.sample_rate, index, False)
+                index += 1
+            pending, samples = piece, samples + piece.numel()
+        if not samples:
+            raise MizuotoError(f"{self.model_dir.name} produced no speech: its LM ended before the first "
+                               "speech token (another seed or a longer text may help)")
         yield AudioChunk(pending, self.sample_rate, index, True)
 
     def _voice(self, request: SynthesisRequest, need_text: bool) -> dict[str, torch.Tensor]:
@@ -242,7 +274,8 @@ class CosyVoiceModel(Model):
             raise InvalidRequest(f"mode {mode!r} on CosyVoice {self.variant.version} needs a reference "
                                  "or cached voice, not a preset speaker")
         if mode == "clone" and "prompt_text" not in prompt:
-            raise InvalidRequest("clone mode needs the reference text; use cross_lingual without it")
+            raise InvalidRequest("clone mode needs the reference text; use cross_lingual without it"
+                                 + (" (streaming text in always needs it)" if request.text_streamed else ""))
         if request.text_streamed:
             text = self.frontend.streamed_tokens(iter(request.text))
             return iter([self.frontend.model_input(mode, text, prompt, request.instruct)])
@@ -258,24 +291,31 @@ class CosyVoiceModel(Model):
         kv = self.options.compute.kv_cache
         if isinstance(text, torch.Tensor):
             tokens = self.llm.generate(text, prompt_text, prompt_speech_token, generator=generator,
-                                       embedding=embedding, cache=kv)
+                                       embedding=embedding, cache=kv, **self._graphs_arg)
         else:
+            # streamed text has no length bound for a static cache: eager steps (on CUDA still
+            # the on-device sampler)
             tokens = self.llm.generate_bistream(text, prompt_text, prompt_speech_token, generator=generator)
         while True:
-            with self.use("llm"):
+            with self.use("llm") as device, self._autocast(device):
                 token = next(tokens, None)
             if token is None:
                 return
             yield token
 
+    def _autocast(self, device: torch.device):
+        """Upstream's fp16: `torch.cuda.amp.autocast(fp16)` around the LM and the flow (CUDA only)."""
+        return torch.autocast("cuda", dtype=torch.float16,
+                              enabled=self.options.precision == "fp16" and torch.device(device).type == "cuda")
+
     def _flow_stage(self, token, prompt_token, prompt_feat, embedding, *, streaming, finalize, cache, generator):
-        with self.use("flow") as device:
+        with self.use("flow") as device, self._autocast(device):
             args = [t.to(device) for t in (token, prompt_token, prompt_feat, embedding)]
             if self.variant.version == 1:
                 mel, cache = self.flow.inference(*args, flow_cache=cache, generator=generator)
             else:
                 mel = self.flow.inference(*args, streaming=streaming, finalize=finalize)
-            return mel.cpu(), cache
+            return mel.float().cpu(), cache
 
     def _hift_stage(self, mel, *, cache_source, finalize, generator):
         with self.use("hift") as device:

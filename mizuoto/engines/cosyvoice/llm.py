@@ -19,6 +19,7 @@ from torch import nn
 from mizuoto.engines.cosyvoice.sampling import Sampler
 from mizuoto.nn.transformer.wenet import ConformerEncoder, TransformerEncoder
 from mizuoto.runtime.errors import InvalidRequest, MizuotoError, ModelLoadError
+from mizuoto.runtime.lm.graph_step import DecodeSteps
 from mizuoto.runtime.lm.qwen import QwenConfig, QwenDecoder, kv_cache_working_bytes
 
 VARIANTS = ("Qwen2LM", "CosyVoice3LM")  # on a Qwen2 decoder
@@ -141,16 +142,20 @@ class QwenSpeechLM(nn.Module):
     def generate(self, text: torch.Tensor, prompt_text: torch.Tensor | None = None,
                  prompt_speech_token: torch.Tensor | None = None, *,
                  generator: torch.Generator | None = None, embedding: torch.Tensor | None = None,
-                 cache: str = "dynamic", cache_len: int = 0,
+                 cache: str = "dynamic", cache_len: int = 0, cuda_graphs: bool = False,
                  max_token_text_ratio: float = MAX_TOKEN_TEXT_RATIO,
-                 min_token_text_ratio: float = MIN_TOKEN_TEXT_RATIO) -> Iterator[int]:
+                 min_token_text_ratio: float = MIN_TOKEN_TEXT_RATIO,
+                 suppress_stop: bool = False) -> Iterator[int]:
         """Yield speech token ids as upstream's inference does, drawing from `generator`.
 
         The generator lives on the LM's device (None: the global one, as upstream draws).
         `embedding` (the speaker embedding) is accepted for a uniform call and unused, as in
         upstream's Qwen2LM. `cache` is "dynamic" or "static" (same tokens); a static cache has
         `cache_len` positions (e.g. the planner's bound), by default exactly what this request
-        can fill.
+        can fill. On CUDA the draw waits on the device once per token and, with `cuda_graphs`
+        and a static cache, the one-token step replays CUDA graphs (same tokens); elsewhere this
+        is upstream's loop and `cuda_graphs` a logged no-op. `suppress_stop` (benchmarks, not
+        upstream) masks every stop id at every step, so exactly `max_len` tokens come.
         """
         text, prompt_text = _row(text, "text"), _row(prompt_text, "prompt_text")
         prompt_speech_token = _row(prompt_speech_token, "prompt_speech_token")
@@ -161,38 +166,45 @@ class QwenSpeechLM(nn.Module):
         if cache == "static" and 0 < cache_len < need:
             raise InvalidRequest(f"a static KV cache of {cache_len} positions is too small: "
                                  f"this request can fill {need}")
-        kv = self.llm.new_cache(cache, cache_len or need)
+        steps = self._steps(self.llm.new_cache(cache, cache_len or need), cuda_graphs)
         out_tokens: list[int] = []
         for i in range(max_len):
-            token = self._draw(self._scores(lm_input, kv), out_tokens, generator, ignore_eos=i < min_len)
+            scores = steps.scores(lm_input)
+            if suppress_stop:
+                scores[self.speech_token_size:] = -float("inf")
+            token = self._draw(steps, scores, out_tokens, generator, ignore_eos=i < min_len)
             if token in self.stop_token_ids:
                 break
             yield token
             out_tokens.append(token)
             lm_input = self.speech_embedding.weight[token].reshape(1, 1, -1)
 
-    def _scores(self, lm_input: torch.Tensor, kv) -> torch.Tensor:
-        hidden = self.llm(lm_input, kv)
+    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.llm_decoder(hidden[:, -1]).log_softmax(dim=-1).squeeze(dim=0)
 
-    def _draw(self, scores: torch.Tensor, out_tokens: list[int], generator: torch.Generator | None,
-              ignore_eos: bool) -> int:
+    def _steps(self, kv, cuda_graphs: bool) -> DecodeSteps:
+        # off CUDA: decoder + head and upstream's sampler, exactly upstream's loop
+        return DecodeSteps(self.llm, kv, self._head, self.sampler, cuda_graphs=cuda_graphs,
+                           what=f"the {self.variant} LM")
+
+    def _draw(self, steps: DecodeSteps, scores: torch.Tensor, out_tokens: list[int],
+              generator: torch.Generator | None, ignore_eos: bool) -> int:
         if ignore_eos:
             # Only the first stop id is masked, as upstream does: v3 (eos = n + 1) and the
             # other stop ids can still end decoding before min_len.
             scores[self.speech_token_size] = -float("inf")
-        return self.sampler(scores, out_tokens, generator)
+        return steps.draw(scores, out_tokens, generator)
 
     @torch.inference_mode()
     def generate_bistream(self, text: Iterable[torch.Tensor], prompt_text: torch.Tensor,
                           prompt_speech_token: torch.Tensor | None = None, *,
                           generator: torch.Generator | None = None, cache: str = "dynamic",
-                          cache_len: int = 0) -> Iterator[int]:
+                          cache_len: int = 0, cuda_graphs: bool = False) -> Iterator[int]:
         """Upstream's inference_bistream: text arrives in pieces (token rows) while tokens are yielded.
 
         Text and prompt speech are interleaved `mix_ratio` (5 : 15); then every 5 text tokens the
         LM speaks until it emits (or is forced to) the fill token. A static cache needs
-        `cache_len`, since the text's length is unknown in advance.
+        `cache_len`, since the text's length is unknown in advance. Decoding as in `generate`.
         """
         prompt_text = _row(prompt_text, "prompt_text")
         if prompt_text.shape[1] == 0:
@@ -215,7 +227,7 @@ class QwenSpeechLM(nn.Module):
             prompt_text = prompt_text[:, eop + 1:]
         text_cache = embed(prompt_text)
         next_fill = (int(prompt_speech_token.shape[1] / n_speech) + 1) * n_speech - prompt_speech_token.shape[1]
-        kv = self.llm.new_cache(cache, cache_len)
+        steps = self._steps(self.llm.new_cache(cache, cache_len), cuda_graphs)
         out: list[int] = []
         for piece in text:
             text_cache = torch.concat([text_cache, embed(_row(piece, "text").to(device))], dim=1)
@@ -232,12 +244,12 @@ class QwenSpeechLM(nn.Module):
                 lm_input = head if after_fill else torch.concat([lm_input, head], dim=1)
                 text_cache = text_cache[:, n_text:]
             while True:
-                scores = self._scores(lm_input, kv)
+                scores = steps.scores(lm_input)
                 if next_fill != -1 and len(out) == next_fill:
                     token = self.fill_token  # forced: nothing is drawn
                     next_fill += n_speech + 1
                 else:
-                    token = self._draw(scores, out, generator, ignore_eos=True)
+                    token = self._draw(steps, scores, out, generator, ignore_eos=True)
                 if token == self.fill_token:
                     next_fill = len(out) + n_speech + 1
                 out.append(token)
@@ -252,7 +264,7 @@ class QwenSpeechLM(nn.Module):
                 lm_input = self.speech_embedding.weight[token].reshape(1, 1, -1)
         lm_input = torch.concat([lm_input, text_cache, self._special("task_id")], dim=1)
         while True:
-            token = self._draw(self._scores(lm_input, kv), out, generator, ignore_eos=False)
+            token = self._draw(steps, steps.scores(lm_input), out, generator, ignore_eos=False)
             out.append(token)
             if token >= self.speech_token_size:
                 if token == self.eos_token:
