@@ -24,7 +24,7 @@ from mizuoto.engines.cosyvoice.llm import drop_silent_runs, load_lm
 from mizuoto.engines.cosyvoice.memory import frames_stage_memory, lm_stage_memory
 from mizuoto.engines.cosyvoice.noise import cosyvoice3_noise
 from mizuoto.engines.cosyvoice.synthesis import Synthesizer, request_generators, schedule_for
-from mizuoto.engines.cosyvoice.variants import Variant, find_variant, load_config
+from mizuoto.engines.cosyvoice.variants import find_variant, load_config
 from mizuoto.nn.vocoders.f0 import f0_device
 from mizuoto.runtime.engine import (MODES, AudioChunk, Capabilities, Engine, Model, Reference, Stage,
                                     SynthesisRequest, Voice)

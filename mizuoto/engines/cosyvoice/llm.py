@@ -20,7 +20,7 @@ from mizuoto.engines.cosyvoice.sampling import Sampler
 from mizuoto.nn.transformer.wenet import ConformerEncoder, TransformerEncoder
 from mizuoto.runtime.errors import InvalidRequest, MizuotoError, ModelLoadError
 from mizuoto.runtime.lm.graph_step import DecodeSteps
-from mizuoto.runtime.lm.qwen import QwenConfig, QwenDecoder, kv_cache_working_bytes
+from mizuoto.runtime.lm.qwen import QwenConfig, QwenDecoder
 
 VARIANTS = ("Qwen2LM", "CosyVoice3LM")  # on a Qwen2 decoder
 V1_VARIANT = "TransformerLM"
@@ -35,23 +35,6 @@ PROMPT_POSITIONS_CAP = 300
 MAX_TOKEN_TEXT_RATIO = 20
 MIN_TOKEN_TEXT_RATIO = 2
 LM_OVERHEAD_BYTES = 512 * 1024 ** 2
-
-
-def lm_working_memory_bytes(cfg: QwenConfig, text_tokens: int, dtype_bytes: int = 4) -> int:
-    """LM working memory for a request of `text_tokens`: the KV cache at upstream's cap + 512 MiB.
-
-    The cache is counted at the query-head width (each KV head repeated once per head group,
-    as the SDPA path materializes it).
-    """
-    positions = PROMPT_POSITIONS_CAP + MAX_TOKEN_TEXT_RATIO * text_tokens
-    return kv_cache_working_bytes(cfg, positions, dtype_bytes) + LM_OVERHEAD_BYTES
-
-
-def v1_lm_working_memory_bytes(num_blocks: int, output_size: int, text_tokens: int,
-                               dtype_bytes: int = 4) -> int:
-    """v1 (wenet TransformerEncoder LM): its K/V cache at upstream's cap + 512 MiB."""
-    positions = PROMPT_POSITIONS_CAP + MAX_TOKEN_TEXT_RATIO * text_tokens
-    return num_blocks * 2 * output_size * positions * dtype_bytes + LM_OVERHEAD_BYTES
 
 
 def drop_silent_runs(tokens: Iterable[int]) -> Iterator[int]:
@@ -109,10 +92,6 @@ class QwenSpeechLM(nn.Module):
     def upstream_key(name: str) -> str:
         """The llm.pt key of one of our parameter names."""
         return "llm.model.model." + name[len("llm."):] if name.startswith("llm.") else name
-
-    def working_memory_bytes(self, text_tokens: int, dtype_bytes: int = 4) -> int:
-        """Planner formula for a request of `text_tokens` (see lm_working_memory_bytes)."""
-        return lm_working_memory_bytes(self.llm.config, text_tokens, dtype_bytes)
 
     def _special(self, which: str) -> torch.Tensor:
         if self.variant == "Qwen2LM":
@@ -300,11 +279,6 @@ class TransformerSpeechLM(nn.Module):
     def upstream_key(name: str) -> str:
         """The llm.pt key of one of our parameter names (the same)."""
         return name
-
-    def working_memory_bytes(self, text_tokens: int, dtype_bytes: int = 4) -> int:
-        """Planner formula for a request of `text_tokens` (see v1_lm_working_memory_bytes)."""
-        return v1_lm_working_memory_bytes(len(self.llm.encoders), self.llm.output_size(),
-                                          text_tokens, dtype_bytes)
 
     def lm_input(self, text: torch.Tensor, prompt_text: torch.Tensor, prompt_speech_token: torch.Tensor,
                  embedding: torch.Tensor | None) -> torch.Tensor:

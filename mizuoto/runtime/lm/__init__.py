@@ -1,6 +1,6 @@
 """Decoder LMs with transformers-exact numerics and static/dynamic KV caches."""
 
 from mizuoto.runtime.lm.kv_cache import DynamicKVCache, KVCache, StaticKVCache
-from mizuoto.runtime.lm.qwen import QwenConfig, QwenDecoder, kv_cache_working_bytes
+from mizuoto.runtime.lm.qwen import QwenConfig, QwenDecoder
 
-__all__ = ["DynamicKVCache", "KVCache", "StaticKVCache", "QwenConfig", "QwenDecoder", "kv_cache_working_bytes"]
+__all__ = ["DynamicKVCache", "KVCache", "StaticKVCache", "QwenConfig", "QwenDecoder"]

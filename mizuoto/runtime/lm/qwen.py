@@ -263,7 +263,3 @@ class QwenDecoder(nn.Module):
             return self.lm_head(hidden)
         return F.linear(hidden, self.embed_tokens.weight)
 
-
-def kv_cache_working_bytes(cfg: QwenConfig, positions: int, dtype_bytes: int = 4) -> int:
-    """Bytes of a KV cache of `positions` at the query-head width (one repeated copy per group)."""
-    return cfg.kv_bytes_per_position(dtype_bytes, repeated=True) * positions

@@ -6,14 +6,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from mizuoto.engines.cosyvoice.llm import (LM_OVERHEAD_BYTES, V1_VARIANT, VARIANTS, build_lm,
-                                           drop_silent_runs, lm_working_memory_bytes, load_lm,
-                                           load_lm_state, v1_lm_working_memory_bytes)
+from mizuoto.engines.cosyvoice.llm import V1_VARIANT, VARIANTS, build_lm, drop_silent_runs, load_lm, load_lm_state
 from mizuoto.runtime.errors import InvalidRequest, MizuotoError, ModelLoadError
 from mizuoto.runtime.hyperyaml import load_hyperyaml
-from mizuoto.runtime.lm.qwen import QwenConfig
 from mizuoto.testing.cosyvoice_cases import list_cases, load_case
-from mizuoto.testing.fixtures import asset_path
 
 
 @functools.cache
@@ -127,33 +123,6 @@ def test_v3_needs_endofprompt():
     lm = _lm(ref.model_dir)
     with pytest.raises(InvalidRequest, match="endofprompt"):
         next(lm.generate(torch.tensor([[10, 11, 12]], dtype=torch.int32), generator=torch.Generator()))
-
-
-@pytest.mark.parametrize("model_dir", QWEN_MODEL_DIRS, ids=lambda p: p.parent.name)
-def test_working_memory_fixture_config(model_dir):
-    cfg = QwenConfig.from_json(model_dir / "CosyVoice-BlankEN" / "config.json")
-    assert (cfg.num_hidden_layers, cfg.num_attention_heads, cfg.head_dim) == (2, 4, 4), "hand numbers below"
-    # 2 layers x (K + V) x 4 heads x 4 dims x 4 bytes = 256 bytes per position; 300 + 20 x 10 positions
-    assert lm_working_memory_bytes(cfg, 10) == 500 * 256 + 536_870_912
-    assert LM_OVERHEAD_BYTES == 536_870_912
-
-
-def test_working_memory_real_config():
-    cfg = QwenConfig.from_json(asset_path("cosyvoice", "CosyVoice-BlankEN", "config.json"))
-    # 24 layers x (K + V) x 14 heads x 64 dims x 4 bytes = 172032 bytes per position
-    assert lm_working_memory_bytes(cfg, 100) == (300 + 2000) * 172_032 + 536_870_912
-    assert lm_working_memory_bytes(cfg, 100, dtype_bytes=2) == (300 + 2000) * 86_016 + 536_870_912
-
-
-def test_v1_working_memory():
-    ref = next(r for r in LM_CASES if _lm_class(r) == V1_VARIANT)
-    enc = _yaml(ref.yaml_path)["llm"]["llm"]
-    assert (enc["num_blocks"], enc["output_size"]) == (2, 32), "hand numbers below"
-    # 2 blocks x (K + V) x 32 wide x 4 bytes = 512 bytes per position; 300 + 20 x 10 positions
-    assert _lm(ref.model_dir).working_memory_bytes(10) == 500 * 512 + 536_870_912
-    real = load_hyperyaml(asset_path("cosyvoice", "CosyVoice-300M", "cosyvoice.yaml"))["llm"]["llm"]
-    # the released CosyVoice-300M LM: 14 blocks of 1024 -> 114688 bytes per position
-    assert v1_lm_working_memory_bytes(real["num_blocks"], real["output_size"], 100) == 2300 * 114_688 + 536_870_912
 
 
 def _bistream(lm, pieces, case, cache="dynamic", seed=7, consumed=None):

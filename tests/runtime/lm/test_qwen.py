@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mizuoto.runtime.errors import ModelLoadError
-from mizuoto.runtime.lm.qwen import QwenConfig, QwenDecoder, kv_cache_working_bytes
+from mizuoto.runtime.lm.qwen import QwenConfig, QwenDecoder
 from mizuoto.testing.fixtures import asset_path, fixtures_root
 
 
@@ -111,11 +111,10 @@ def test_unsupported_configs_are_refused(bad):
         QwenConfig.from_dict(d)
 
 
-def test_kv_cache_bytes_hand_computed():
+def test_kv_bytes_per_position_hand_computed():
     real = QwenConfig.from_json(asset_path("cosyvoice", "CosyVoice-BlankEN", "config.json"))
-    # 24 layers x (K + V) x 14 heads x 64 dims x 4 bytes = 172032 bytes per position
-    assert kv_cache_working_bytes(real, 1000) == 172_032_000
-    assert kv_cache_working_bytes(real, 1000, dtype_bytes=2) == 86_016_000
+    # 24 layers x (K + V) x 14 heads x 64 dims x 4 bytes = 172032 bytes per position, repeated
+    assert real.kv_bytes_per_position(4, repeated=True) == 172_032
     assert real.kv_bytes_per_position(4, repeated=False) == 24 * 2 * 2 * 64 * 4
 
 
