@@ -132,7 +132,7 @@ def test_compile_keeps_the_mel_within_tolerance(model):
     Measured on this machine (2 vCPU AMD EPYC, torch 2.13.0 CPU) on the smallest recorded v2/v3
     flow call: max |compiled - eager| = 9.7e-6 with max |mel| = 5.9, i.e. about 20 float32 ulps at
     that magnitude, from inductor's fused and reordered reductions over the 10 ODE steps. The
-    tolerance is 4e-6 relative to the mel's largest magnitude (2.4e-5 there); eager stays equal
+    tolerance is 2.5e-6 relative to the mel's largest magnitude (1.5e-5 there; measured 1.6e-6); eager stays equal
     to upstream.
     """
     ref = FLOW_CASES[0]
@@ -145,7 +145,7 @@ def test_compile_keeps_the_mel_within_tolerance(model):
     compiled = _flow(m, case)
     assert compiled.shape == eager.shape
     err = (compiled - eager).abs().max().item()
-    assert err <= 4e-6 * eager.abs().max().item(), err
+    assert err <= 2.5e-6 * eager.abs().max().item(), err
     # parameter names are unchanged (Module.compile works in place)
     assert set(m.flow.state_dict()) == set(model(ref.model_dir).flow.state_dict())
 
