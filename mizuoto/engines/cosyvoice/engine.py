@@ -216,25 +216,27 @@ class CosyVoiceModel(Model):
                            self._hift_stage, drop_silent_runs if self.variant.version == 3 else None,
                            mel_bins=self.flow.output_size)
 
-    def _chunks(self, synth: Synthesizer, inputs: Iterator[dict], request: SynthesisRequest,
+    def _chunks(self, synth: Synthesizer, inputs: list[dict], request: SynthesisRequest,
                 lm_gen: torch.Generator, voc_gen: torch.Generator) -> Iterator[AudioChunk]:
-        audio = (piece[0].float().contiguous() for model_input in inputs
-                 for piece in synth.run(model_input, stream=request.stream, speed=request.speed,
-                                        lm_gen=lm_gen, voc_gen=voc_gen))
+        def pieces() -> Iterator[tuple[torch.Tensor, bool]]:
+            for n, model_input in enumerate(inputs, start=1):
+                for audio, last in synth.run_marked(model_input, stream=request.stream, speed=request.speed,
+                                                    lm_gen=lm_gen, voc_gen=voc_gen):
+                    yield audio[0].float().contiguous(), last and n == len(inputs)
+
+        audio = pieces()
         if not request.stream:
             # upstream yields one output per text segment; a non-streaming request is one chunk
-            pieces = list(audio)
-            audio = iter([torch.cat(pieces)] if pieces else [])
-        pending, index, samples = None, 0, 0
-        for piece in audio:
-            if pending is not None:
-                yield AudioChunk(pending, self.sample_rate, index, False)
-                index += 1
-            pending, samples = piece, samples + piece.numel()
-        if not samples:
-            raise MizuotoError(f"{self.model_dir.name} produced no speech: its LM ended before the first "
-                               "speech token (another seed or a longer text may help)")
-        yield AudioChunk(pending, self.sample_rate, index, True)
+            parts = [a for a, _ in audio]
+            audio = iter([(torch.cat(parts), True)])
+        index, samples = 0, 0
+        for piece, final in audio:
+            samples += piece.numel()
+            if final and not samples:
+                raise MizuotoError(f"{self.model_dir.name} produced no speech: its LM ended before the first "
+                                   "speech token (another seed or a longer text may help)")
+            yield AudioChunk(piece, self.sample_rate, index, final)
+            index += 1
 
     def _voice(self, request: SynthesisRequest, need_text: bool) -> dict[str, torch.Tensor]:
         voice = request.voice
@@ -251,7 +253,7 @@ class CosyVoiceModel(Model):
                 return self.cached[voice]
         raise InvalidRequest(f"unknown voice {voice!r} for {self.model_dir.name}")
 
-    def _inputs(self, request: SynthesisRequest) -> Iterator[dict]:
+    def _inputs(self, request: SynthesisRequest) -> list[dict]:
         """Model inputs, one per text segment; the voice and text are checked before returning."""
         mode = request.mode
         if mode == "vc":
@@ -261,7 +263,7 @@ class CosyVoiceModel(Model):
             with self.use("frontend"):
                 source = self.frontend.speech_tokens(request.source_audio)
             keep = ("flow_prompt_speech_token", "prompt_speech_feat", "flow_embedding")
-            return iter([{**{k: prompt[k] for k in keep}, "source_speech_token": source}])
+            return [{**{k: prompt[k] for k in keep}, "source_speech_token": source}]
         is_preset = isinstance(request.voice, str) and request.voice in self.presets
         if mode in ("preset", "instruct") and self.variant.instruct_mode == "instruct" and not is_preset:
             raise InvalidRequest(f"CosyVoice 1 {mode} mode needs a preset voice (one of: "
@@ -278,12 +280,12 @@ class CosyVoiceModel(Model):
                                  + (" (streaming text in always needs it)" if request.text_streamed else ""))
         if request.text_streamed:
             text = self.frontend.streamed_tokens(iter(request.text))
-            return iter([self.frontend.model_input(mode, text, prompt, request.instruct)])
+            return [self.frontend.model_input(mode, text, prompt, request.instruct)]
         segments = self.frontend.segments(request.text)
         if mode == "cross_lingual" and self.variant.version == 3:
             segments = [self.frontend.with_system_prompt(s) for s in segments]
-        return (self.frontend.model_input(mode, self.frontend.tokens(s), prompt, request.instruct)
-                for s in segments)
+        return [self.frontend.model_input(mode, self.frontend.tokens(s), prompt, request.instruct)
+                for s in segments]
 
     # -- stage callables (device moves happen inside `use`) -------------------------------------
     def _lm_stage(self, text: Any, prompt_text: torch.Tensor, prompt_speech_token: torch.Tensor,

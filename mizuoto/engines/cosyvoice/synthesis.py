@@ -118,6 +118,12 @@ class Synthesizer:
     def run(self, inputs: dict[str, Any], *, stream: bool, speed: float, lm_gen: torch.Generator,
             voc_gen: torch.Generator) -> Iterator[torch.Tensor]:
         """Yield float32 [1, N] audio chunks for one model input (upstream's model.tts)."""
+        for audio, _ in self.run_marked(inputs, stream=stream, speed=speed, lm_gen=lm_gen, voc_gen=voc_gen):
+            yield audio
+
+    def run_marked(self, inputs: dict[str, Any], *, stream: bool, speed: float, lm_gen: torch.Generator,
+                   voc_gen: torch.Generator) -> Iterator[tuple[torch.Tensor, bool]]:
+        """As run, each chunk paired with whether it is this input's last (known without waiting for more)."""
         inputs = {**self._empty_inputs(), **inputs}
         if stream and speed != 1.0:
             raise InvalidRequest("speed can only be changed without streaming (as upstream)")
@@ -127,11 +133,12 @@ class Synthesizer:
             if self.on_tokens:
                 self.on_tokens(all_tokens)
             yield self._token2wav(all_tokens, inputs, _State(), voc_gen, offset=0, streaming=False,
-                                  finalize=True, speed=speed)
+                                  finalize=True, speed=speed), True
             return
         yield from self._stream(tokens, inputs, voc_gen)
 
-    def _stream(self, tokens: Iterator[int], inputs: dict[str, Any], gen: torch.Generator) -> Iterator[torch.Tensor]:
+    def _stream(self, tokens: Iterator[int], inputs: dict[str, Any], gen: torch.Generator
+                ) -> Iterator[tuple[torch.Tensor, bool]]:
         s = self.schedule
         state = _State()
         got: list[int] = []
@@ -141,12 +148,12 @@ class Synthesizer:
                 got.append(tok)
                 while len(got) - start >= hop + s.token_overlap_len:
                     chunk = got[start:start + hop + s.token_overlap_len]
-                    yield self._token2wav(chunk, inputs, state, gen, offset=0, streaming=True, finalize=False)
+                    yield self._token2wav(chunk, inputs, state, gen, offset=0, streaming=True, finalize=False), False
                     start += hop
                     hop = min(s.token_max_hop_len, hop * s.scale_factor)
             if self.on_tokens:
                 self.on_tokens(list(got))
-            yield self._token2wav(got[start:], inputs, state, gen, offset=0, streaming=False, finalize=True)
+            yield self._token2wav(got[start:], inputs, state, gen, offset=0, streaming=False, finalize=True), True
             return
         prompt_len = inputs["flow_prompt_speech_token"].shape[1]
         pad = int(np.ceil(prompt_len / s.token_hop_len) * s.token_hop_len - prompt_len)
@@ -158,13 +165,13 @@ class Synthesizer:
                 if len(got) - offset < this_hop + s.pre_lookahead_len:
                     break
                 chunk = got[:offset + this_hop + s.pre_lookahead_len]
-                yield self._token2wav(chunk, inputs, state, gen, offset=offset, streaming=True, finalize=False)
+                yield self._token2wav(chunk, inputs, state, gen, offset=offset, streaming=True, finalize=False), False
                 offset += this_hop
                 hop = min(s.token_max_hop_len, hop * s.scale_factor)
         if self.on_tokens:
             self.on_tokens(list(got))
         # upstream's last call passes no `stream`, so the flow runs non-streaming on it
-        yield self._token2wav(got, inputs, state, gen, offset=offset, streaming=False, finalize=True)
+        yield self._token2wav(got, inputs, state, gen, offset=offset, streaming=False, finalize=True), True
 
     # -- token2wav ----------------------------------------------------------------------------
     def _token2wav(self, tokens: list[int], inputs: dict[str, Any], state: "_State", gen: torch.Generator, *,

@@ -16,6 +16,7 @@ from starlette.routing import Route, WebSocketRoute
 
 from mizuoto.runtime.server import speech, voices, websocket
 from mizuoto.runtime.server.errors import ApiError, from_exception
+from mizuoto.runtime.server.malloc import tune_malloc
 from mizuoto.runtime.server.state import ServerConfig, ServerState
 from mizuoto.runtime.server.validation import parse_json, parse_speech, text_field
 
@@ -199,6 +200,7 @@ def create_app(runtime: Any, config: ServerConfig | None = None, models: dict[st
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
+        tune_malloc(state.config.mmap_threshold, state.config.malloc_arenas)
         if preload:
             for name in list(state.catalogue):
                 if name not in state.loaded():

@@ -55,7 +55,8 @@ def build_request(state: ServerState, p: SpeechParams, reference: Reference | No
     else:
         presets = [v.id for v in state.runtime.voices(p.model) if v.kind == "preset"]
         if not presets:
-            raise ApiError(400, f"field 'voice' is required: model {p.model} has no preset voice", "voice")
+            raise ApiError(400, f"field 'voice' is required: model {p.model} has no preset voice"
+                                " (or give ref_audio to clone a voice)", "voice")
         voice = presets[0]
     caps = model.capabilities
     if isinstance(voice, Reference) and not caps.modes & {"clone", "cross_lingual", "instruct", "vc"}:

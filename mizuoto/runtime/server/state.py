@@ -29,6 +29,9 @@ class ServerConfig:
     max_voices: int = 64
     load_options: dict = field(default_factory=dict)
     model_roots: tuple[Path, ...] = ()  # directories whose model subfolders POST /v1/models/load may load
+    # glibc (see malloc.py): buffers this big get their own mappings, unmapped when freed; None leaves it as is
+    mmap_threshold: int | None = 1 << 20
+    malloc_arenas: int | None = 2  # glibc: at most this many heap arenas for all threads; None leaves it as is
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import threading
@@ -18,7 +19,12 @@ from mizuoto.runtime.api import Runtime
 from mizuoto.runtime.server.app import create_app
 from mizuoto.runtime.server.launch import ServerThread
 from mizuoto.runtime.server.state import ServerConfig
+from mizuoto.testing.cosyvoice_cases import assemble_model_dir
+from mizuoto.testing.fixtures import fixtures_root
 from mizuoto.testing.toy import CONFIG, ToneEngine, ToneModel, write_model
+
+# A transcript for the fixture clip: the clips are synthetic, and the random-weight models read any text.
+REF_TEXT = "This is the reference speaker."
 
 
 class SlowToneModel(ToneModel):
@@ -82,14 +88,62 @@ def start_server(models: dict, config: ServerConfig | None = None, **runtime) ->
     return ServerThread(create_app(make_runtime(**runtime), config or ServerConfig(), models)).start()
 
 
+def cosyvoice2_fixture_dir() -> Path:
+    """The fixture model dir whose yaml is cosyvoice2.yaml (found by walking the tree)."""
+    found = [d for d in sorted((fixtures_root() / "cosyvoice").glob("*/model")) if (d / "cosyvoice2.yaml").is_file()]
+    assert found, f"no CosyVoice 2 model dir under {fixtures_root() / 'cosyvoice'}"
+    return found[0]
+
+
+def fixture_clip_base64() -> str:
+    """A fixture reference clip as base64 of its file: the shortest of at least 2 s (else the longest)."""
+    import base64
+
+    base = fixtures_root() / "frontend"
+    clips = json.loads((base / "manifest.json").read_text())["clips"].values()
+    by_length = sorted(clips, key=lambda c: c["num_samples"] / c["sample_rate"])
+    pick = next((c for c in by_length if c["num_samples"] >= 2 * c["sample_rate"]), by_length[-1])
+    return base64.b64encode((base / pick["wav"]).read_bytes()).decode()
+
+
 @pytest.fixture(scope="session")
 def served_dirs(tmp_path_factory) -> dict:
-    """The models of the shared server: a tone model, a slow tone model and the piper default voice."""
+    """The shared server's models: a tone model, a slow tone model, piper's default voice, a fixture CosyVoice 2."""
     import mizuoto_piper
 
     root = tmp_path_factory.mktemp("served")
     return {"tone": write_model(root / "tone"), "slow": write_slow_model(root / "slow", 0.02),
-            "piper": mizuoto_piper.default_voice_dir()}
+            "piper": mizuoto_piper.default_voice_dir(),
+            "cosy": assemble_model_dir(cosyvoice2_fixture_dir(), root / "cosy")}
+
+
+@pytest.fixture(scope="session")
+def cosy_expected(served_dirs):
+    """PCM16 bytes the CosyVoice engine itself gives, in this process, for a clone of the fixture clip.
+
+    Called as expected(text, seed, stream); text is a string, or a tuple of pieces streamed in.
+    Seeded CosyVoice requests are deterministic, so a server response must equal this byte for
+    byte, whatever else runs beside it.
+    """
+    import base64
+
+    from mizuoto.runtime.engine import Reference, SynthesisRequest
+    from mizuoto.runtime.server.audio import decode_reference, pcm16
+
+    samples, rate = decode_reference(base64.b64decode(fixture_clip_base64()), "ref_audio")
+    rt = Runtime()
+    name = rt.load(served_dirs["cosy"], name="cosy-direct")
+    cache: dict = {}
+
+    def expected(text: str | tuple, seed: int, stream: bool = False) -> bytes:
+        if (text, seed, stream) not in cache:
+            request = SynthesisRequest(text=text if isinstance(text, str) else iter(text),
+                                       voice=Reference((samples, rate), REF_TEXT), stream=stream, seed=seed)
+            cache[text, seed, stream] = b"".join(pcm16(c.samples) for c in rt.synthesize(name, request))
+        return cache[text, seed, stream]
+
+    yield expected
+    rt.close()
 
 
 @pytest.fixture(scope="session")
@@ -154,6 +208,7 @@ def resident_bytes() -> int:
 
     import psutil
 
+    gc.collect()
     libc = ctypes.util.find_library("c")
     if libc:
         try:
@@ -177,6 +232,7 @@ def planned_memory(client: httpx.Client) -> dict:
 def h() -> SimpleNamespace:
     """The helpers above, for test modules (conftest is not importable under --import-mode=importlib)."""
     return SimpleNamespace(read_audio=read_audio, wav_base64=wav_base64, tone_seconds=tone_seconds,
+                           clip_base64=fixture_clip_base64, ref_text=REF_TEXT,
                            job_threads=job_threads, wait_idle=wait_idle, resident_bytes=resident_bytes,
                            planned_memory=planned_memory,
                            start_server=start_server, make_runtime=make_runtime, write_slow_model=write_slow_model,

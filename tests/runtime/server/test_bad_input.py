@@ -43,6 +43,10 @@ CASES = [
     ("bad-seed", {"seed": -1}, 400, "seed", "non-negative"),
     ("mode-not-supported", {"model": "piper", "voice": None, "ref_audio": _wav(16000)}, 400, "ref_audio",
      "does not support mode"),
+    ("cosy-no-voice", {"model": "cosy", "voice": None}, 400, "voice", "give ref_audio"),
+    ("cosy-unknown-voice", {"model": "cosy", "voice": "nobody"}, 400, "voice", "unknown voice"),
+    ("cosy-speed-while-streaming", {"model": "cosy", "voice": None, "ref_audio": _wav(16000), "ref_text": "a clip",
+                                    "speed": 1.5, "stream_format": "audio"}, 400, "speed", "without streaming"),
 ]
 
 

@@ -1,6 +1,7 @@
 """Model management over HTTP: load/unload, and a memory budget that forces eviction (and reload on use)."""
 
 import httpx
+import numpy as np
 import pytest
 
 from mizuoto.runtime.server.state import ServerConfig
@@ -74,5 +75,47 @@ def test_model_too_big_for_budget(tmp_path, h):
             r = c.post("/v1/models/load", json={"model": "a", "path": str(a)})
             assert r.status_code == 507 and "does not fit" in r.json()["error"]["message"]
             assert c.get("/health").status_code == 200
+    finally:
+        s.stop()
+
+
+def test_real_engines_evict_each_other(served_dirs, client, h, cosy_expected):
+    """Piper and a fixture CosyVoice 2 under a host budget of the bigger one's plan: they cannot share it.
+
+    Admitting the bigger model at its any-request plan fills the budget, so whatever else is loaded
+    is evicted, whatever the models' sizes. Each request loads its model and speaks right after the
+    reload (CosyVoice byte for byte); the load endpoint reports whom it evicted; unload empties.
+    """
+    peaks = {name: value for labels, value in h.planned_memory(client).items()  # from the shared server
+             for name in ("piper", "cosy") if f'model="{name}"' in labels}
+    small, big = sorted(peaks, key=peaks.get)
+    text, seed = "Evicted and back again.", 2
+    bodies = {"piper": {"model": "piper", "input": text},
+              "cosy": {"model": "cosy", "input": text, "seed": seed, "ref_audio": h.clip_base64(),
+                       "ref_text": h.ref_text}}
+
+    def speak(c, model):
+        r = c.post("/v1/audio/speech", json=bodies[model])
+        assert r.status_code == 200, r.text
+        if model == "cosy":
+            assert r.content[44:] == cosy_expected(text, seed)
+        else:
+            audio, rate = h.read_audio(r.content)
+            assert np.sqrt(np.mean(audio ** 2)) > 0.01 and len(text) / 25 < len(audio) / rate < len(text) / 6
+
+    s = h.start_server({small: served_dirs[small], big: served_dirs[big]}, ServerConfig(load_options={"device": "cpu"}),
+                       ram=peaks[big])
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            assert _loaded(c) == {small: False, big: True}  # loading big at startup evicted small
+            speak(c, small)
+            assert _loaded(c) == {small: True, big: False}
+            assert list(h.planned_memory(c)) == [f'mizuoto_memory_planned_bytes{{device="cpu",model="{small}"}}']
+            r = c.post("/v1/models/load", json={"model": big})
+            assert r.status_code == 200 and r.json()["evicted"] == [small], r.text
+            speak(c, big)
+            assert _loaded(c) == {small: False, big: True}
+            assert c.post("/v1/models/unload", json={"model": big}).status_code == 200
+            assert _loaded(c) == {small: False, big: False} and c.get("/ready").status_code == 503
     finally:
         s.stop()

@@ -1,4 +1,9 @@
-"""POST /v1/audio/speech against a real server: whole files in every format, chunked audio and SSE, both engines."""
+"""POST /v1/audio/speech against a real server: whole files in every format, chunked audio and SSE, every engine.
+
+CosyVoice (a fixture model, cloning the fixture clip) is seeded, so its responses must equal what
+the engine gives in-process sample for sample; piper's VITS noise is not seedable, so its audio is
+checked for level and plausible length.
+"""
 
 import base64
 import json
@@ -9,6 +14,20 @@ import pytest
 from mizuoto.runtime.server.audio import available_formats
 
 TEXT = "Hello there, this is a test of the server."
+SEED = 7
+# Long enough for several chunks: CosyVoice's LM speaks at least 2 tokens per text token, and this
+# text's minimum passes its first streaming hop (at most 25 + 24 prompt pad + 3 lookahead tokens).
+STREAM_TEXT = ("First sentence here. Second sentence there. Third one ends it, "
+               "and a fourth one, longer than the others, closes the test.")
+
+
+def _voice(h, model) -> dict:
+    """Fields that pick the voice: a tone preset, piper's default voice, or a clone of the fixture clip."""
+    if model == "tone":
+        return {"voice": "high"}
+    if model == "cosy":
+        return {"ref_audio": h.clip_base64(), "ref_text": h.ref_text, "seed": SEED}
+    return {}
 
 
 def _speech(client, **body):
@@ -41,13 +60,20 @@ def test_piper_whole_file(client, h):
     assert np.sqrt(np.mean(audio ** 2)) > 0.01
 
 
-@pytest.mark.parametrize("model", ["tone", "piper"])
-def test_chunked_audio_stream(client, h, model):
+def test_cosy_clone_whole_file(client, h, cosy_expected):
+    """A CosyVoice clone (base64 reference + transcript) is the engine's own audio, as one WAV file."""
+    r = _speech(client, model="cosy", input=TEXT, response_format="wav", **_voice(h, "cosy"))
+    assert r.status_code == 200, r.text
+    assert r.headers["x-sample-rate"] == "24000" and r.content[:4] == b"RIFF"
+    assert r.content[44:] == cosy_expected(TEXT, SEED)
+    assert np.sqrt(np.mean(h.read_audio(r.content)[0] ** 2)) > 0.01
+
+
+@pytest.mark.parametrize("model", ["tone", "piper", "cosy"])
+def test_chunked_audio_stream(client, h, cosy_expected, model):
     """stream_format=audio sends a streaming WAV header then PCM16 in several pieces, as produced."""
-    text = "First sentence here. Second sentence there. Third one ends it." if model == "piper" else "abcdefghijklmnop"
-    body = {"model": model, "input": text, "stream_format": "audio", "response_format": "wav"}
-    if model == "tone":
-        body["voice"] = "high"
+    text = {"tone": "abcdefghijklmnop", "piper": "First sentence here. Second sentence there."}.get(model, STREAM_TEXT)
+    body = {"model": model, "input": text, "stream_format": "audio", "response_format": "wav", **_voice(h, model)}
     with client.stream("POST", "/v1/audio/speech", json=body) as r:
         assert r.status_code == 200
         pieces = [p for p in r.iter_raw() if p]
@@ -57,17 +83,20 @@ def test_chunked_audio_stream(client, h, model):
     samples = np.frombuffer(data[44:], dtype="<i2")
     if model == "tone":
         assert len(samples) / rate == pytest.approx(h.tone_seconds(text))
+    elif model == "cosy":
+        assert data[44:] == cosy_expected(text, SEED, stream=True)
     else:
         assert len(text) / 25 < len(samples) / rate < len(text) / 6
+    if model != "tone":
         assert np.sqrt(np.mean((samples / 32768.0) ** 2)) > 0.01
     assert len(pieces) >= 2
 
 
-@pytest.mark.parametrize("model", ["tone", "piper"])
-def test_sse_stream(client, h, model):
+@pytest.mark.parametrize("model", ["tone", "piper", "cosy"])
+def test_sse_stream(client, h, cosy_expected, model):
     """stream_format=sse gives speech.audio.delta events (base64 PCM16) and a final speech.audio.done."""
-    text = "One sentence. Another sentence." if model == "piper" else "abcdefghij"
-    body = {"model": model, "input": text, "stream_format": "sse", "response_format": "pcm"}
+    text = {"tone": "abcdefghij", "piper": "One sentence. Another sentence."}.get(model, STREAM_TEXT)
+    body = {"model": model, "input": text, "stream_format": "sse", "response_format": "pcm", **_voice(h, model)}
     with client.stream("POST", "/v1/audio/speech", json=body) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
@@ -79,6 +108,8 @@ def test_sse_stream(client, h, model):
     assert seconds == pytest.approx(events[-1]["seconds"])
     if model == "tone":
         assert seconds == pytest.approx(h.tone_seconds(text))
+    elif model == "cosy":
+        assert pcm == cosy_expected(text, SEED, stream=True)
 
 
 def test_clone_with_inline_reference(client, h):
@@ -101,6 +132,8 @@ def test_models_listing(client):
     data = {m["id"]: m for m in client.get("/v1/models").json()["data"]}
     assert data["piper"]["engine"] == "piper" and data["piper"]["sample_rate"] == 22050
     assert data["tone"]["voices"][:2] == ["low", "high"]
+    assert data["cosy"]["engine"] == "cosyvoice" and data["cosy"]["variant"] == "cosyvoice2"
+    assert data["cosy"]["sample_rate"] == 24000 and "clone" in data["cosy"]["modes"]
     assert all(m["object"] == "model" for m in data.values())
 
 

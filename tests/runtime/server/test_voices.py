@@ -26,6 +26,21 @@ def test_register_use_delete_json(client, h):
     assert r.status_code == 400 and r.json()["error"]["param"] == "voice"
 
 
+def test_cosy_speaks_with_registered_voice(client, h, cosy_expected):
+    """A fixture clip uploaded once (as curl -F file=@clip.wav) clones with CosyVoice by id, as if sent inline."""
+    text, seed = "A registered voice speaks.", 11
+    r = client.post("/v1/audio/voices", data={"id": "clip", "text": h.ref_text},
+                    files={"file": ("clip.wav", base64.b64decode(h.clip_base64()), "audio/wav")})
+    assert r.status_code == 201, r.text
+    try:
+        for body in ({"voice": "clip"}, {"ref_audio": "clip"}):
+            r = client.post("/v1/audio/speech", json={"model": "cosy", "input": text, "seed": seed, **body})
+            assert r.status_code == 200, r.text
+            assert r.content[44:] == cosy_expected(text, seed)
+    finally:
+        assert client.delete("/v1/audio/voices/clip").status_code == 200
+
+
 def test_register_multipart(client, h):
     """A form upload (as curl -F file=@ref.wav) works the same."""
     wav = base64.b64decode(h.wav_base64())
