@@ -315,16 +315,9 @@ def add_bench_command(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _options(args: argparse.Namespace) -> LoadOptions:
-    flat: dict[str, str] = {}
-    for item in args.option or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise InvalidRequest(f"--option takes KEY=VALUE, got {item!r}")
-        flat[key.strip()] = value.strip()
-    for key in ("device", "precision"):
-        if getattr(args, key, None) is not None:
-            flat[key] = getattr(args, key)
-    return parse_options(flat).resolved()
+    from mizuoto.runtime.cli import load_options  # the CLI's own reading of --option/--device/--precision
+
+    return parse_options(load_options(args)).resolved()
 
 
 def run_bench(args: argparse.Namespace) -> int:

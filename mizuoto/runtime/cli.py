@@ -26,7 +26,8 @@ def _budgets(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ram", help="host memory budget, e.g. 16GiB (default: what is available)")
 
 
-def _load_options(args: argparse.Namespace) -> dict:
+def load_options(args: argparse.Namespace) -> dict:
+    """Load options from --option KEY=VALUE, --device and --precision (unknown keys fail later, in parse_options)."""
     options = {}
     for item in args.option or []:
         key, sep, value = item.partition("=")
@@ -91,7 +92,7 @@ def _models_setup(p: argparse.ArgumentParser) -> Callable:
         target = args.device or ("cuda" if args.vram is not None or torch.cuda.is_available() else "cpu")
         vram = parse_bytes(args.vram) if args.vram is not None else detect_budget(target)
         ram = parse_bytes(args.ram) if args.ram is not None else detect_budget("cpu")
-        options = {**_load_options(args), "device": "cpu"}
+        options = {**load_options(args), "device": "cpu"}
         on_host = torch.device(target).type == "cpu"
         pool = Pool(vram if not on_host else ram, None if on_host else ram)
         refused = 0
@@ -147,7 +148,7 @@ def _say_setup(p: argparse.ArgumentParser) -> Callable:
                                    source_audio=args.source_audio, speed=args.speed, stream=args.stream,
                                    seed=args.seed)
         with Runtime(vram=args.vram, ram=args.ram) as rt:
-            name = rt.load(args.model, engine=args.engine, **_load_options(args))
+            name = rt.load(args.model, engine=args.engine, **load_options(args))
             engine = rt.info(name).engine
             seconds, rate, count = write_wav(args.output, rt.synthesize(name, request))
         print(f"wrote {args.output}: {seconds:.2f} s at {rate} Hz in {count} chunk(s) ({engine} engine)")
