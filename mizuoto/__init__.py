@@ -1,6 +1,6 @@
 """Mizuoto: a speech runtime hosting several TTS engines behind one API."""
 
-from mizuoto.runtime.errors import MizuotoError
+from mizuoto.errors import MizuotoError
 
 __version__ = "0.2.0"
 

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from mizuoto.runtime.api import Runtime
-from mizuoto.runtime.cli import write_wav
+from mizuoto.cli.main import write_wav
 from mizuoto.runtime.engine import Reference, SynthesisRequest
 
 TEXT = "Hello from Mizuoto, a speech runtime that hosts several voices behind one API."

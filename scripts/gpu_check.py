@@ -38,8 +38,8 @@ from mizuoto.engines.cosyvoice.llm import load_lm
 from mizuoto.engines.cosyvoice.variants import find_variant, load_config
 from mizuoto.runtime.bench import device_bandwidth_gbs, synchronize
 from mizuoto.runtime.graphs import use_cuda_graphs
-from mizuoto.runtime.lm.graph_step import GraphDecodeStep, GraphDraw
-from mizuoto.runtime.lm.sampling import FastSampler, nucleus_draw
+from mizuoto.runtime.decode import GraphDecodeStep, GraphDraw
+from mizuoto.nn.lm.sampling import FastSampler, nucleus_draw
 from mizuoto.text.tokenize.qwen import QwenTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]

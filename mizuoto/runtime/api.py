@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from mizuoto.runtime.engine import (AudioChunk, Capabilities, Model, SynthesisRequest, Voice, check_request)
-from mizuoto.runtime.errors import InvalidRequest, MemoryBudgetError, MizuotoError, ModelLoadError
+from mizuoto.errors import InvalidRequest, MemoryBudgetError, MizuotoError, ModelLoadError
 from mizuoto.runtime.memory import Eviction, Plan, Pool, detect_budget, measure, parse_bytes, plan_model
 from mizuoto.runtime.options import LoadOptions, parse_options
 from mizuoto.runtime.plugins import Registry, describe_error

@@ -1,14 +1,11 @@
-"""Where Mizuoto keeps files: shared resources under $MIZUOTO_HOME, per-model caches, atomic writes."""
+"""Where Mizuoto keeps files: shared resources under $MIZUOTO_HOME and per-model caches."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
-from mizuoto.runtime.errors import ResourceError
+from mizuoto.errors import ResourceError
 
 
 def home_dir() -> Path:
@@ -34,32 +31,6 @@ def model_cache_dir(model_dir: str | Path) -> Path:
     if not _writable(fallback):
         raise ResourceError(f"no writable cache for {model_dir}: neither {local} nor {fallback}")
     return fallback
-
-
-@contextlib.contextmanager
-def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path beside `path`; it replaces `path` only if the block completes."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
-    try:
-        yield tmp_path
-        # mkstemp makes 0600 files; give the result the mode a plain open() would
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp_path, 0o666 & ~umask)
-        os.replace(tmp_path, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp_path.unlink()
-
-
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write bytes so a crash never leaves a half file at `path`."""
-    with atomic_path(path) as tmp:
-        tmp.write_bytes(data)
 
 
 def resource_dir(name: str, candidates: list[Path] | None = None) -> Path:

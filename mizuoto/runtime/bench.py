@@ -17,14 +17,10 @@ list in `bench_random` the model kinds it can build with random weights (`--rand
 
 from __future__ import annotations
 
-import argparse
-import importlib
-import importlib.util
 import json
 import resource
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,8 +28,7 @@ from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import torch
 
-from mizuoto.runtime.errors import InvalidRequest, MizuotoError
-from mizuoto.runtime.options import LoadOptions, parse_options
+from mizuoto.errors import InvalidRequest, MizuotoError
 
 # Peak memory bandwidth (GB/s) of common cards, used when the device does not report its own.
 KNOWN_BANDWIDTH_GBS = {
@@ -230,136 +225,3 @@ def format_table(r: dict[str, Any]) -> str:
     rows.append(("LM bandwidth", bw))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
-
-
-# --- finding a driver --------------------------------------------------------------------------
-
-def load_factory(spec: str) -> Callable[..., BenchDriver]:
-    """`path/to/file.py:name` or `package.module:name` -> the named callable."""
-    target, sep, attr = spec.rpartition(":")
-    if not sep or not target or not attr:
-        raise InvalidRequest(f"--driver takes FILE.py:NAME or MODULE:NAME, got {spec!r}")
-    if target.endswith(".py"):
-        path = Path(target)
-        if not path.is_file():
-            raise InvalidRequest(f"--driver: no such file {path}")
-        mod_spec = importlib.util.spec_from_file_location(f"_mizuoto_bench_{path.stem}", path)
-        module = importlib.util.module_from_spec(mod_spec)
-        mod_spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(target)
-    try:
-        return getattr(module, attr)
-    except AttributeError:
-        raise InvalidRequest(f"--driver: {target} has no {attr!r}") from None
-
-
-def find_factory(model_dir: Path | None, random: str | None) -> Callable[..., BenchDriver]:
-    """The registered engine that can bench `model_dir` (or build `random`), as a driver factory."""
-    from mizuoto.runtime.plugins import Registry
-
-    registry = Registry()
-    offered = []
-    for name, cls in registry.load_all().items():
-        factory = getattr(cls, "bench_driver", None)
-        if factory is None:
-            continue
-        kinds = tuple(getattr(cls, "bench_random", ()))
-        offered += [f"{k} ({name})" for k in kinds]
-        if random is not None and random in kinds:
-            return getattr(cls(), "bench_driver")
-        if random is None and model_dir is not None and cls().detect(model_dir):
-            return getattr(cls(), "bench_driver")
-    if random is not None:
-        raise InvalidRequest(f"bench: no engine builds a random {random!r} model; offered: "
-                             f"{', '.join(offered) or 'none'} (or pass --driver FILE.py:NAME)")
-    raise InvalidRequest(f"bench: no registered engine offers a bench driver for {model_dir} "
-                         "(or pass --driver FILE.py:NAME)")
-
-
-# --- command line ------------------------------------------------------------------------------
-
-def configure(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
-    """Add the bench arguments to `p`; return the runner."""
-    p.add_argument("model_dir", nargs="?", help="model directory (or use --random)")
-    p.add_argument("-m", "--model", dest="model_opt", metavar="DIR", help="model directory (same as MODEL_DIR)")
-    p.add_argument("--random", metavar="KIND", help="build a full-size model with random weights, e.g. cosyvoice2")
-    p.add_argument("--driver", metavar="FILE.py:NAME", help="bench driver factory to use instead of the engine's")
-    p.add_argument("--workdir", help="where --random writes its model directory (default: a temporary one;"
-                   " a directory written before is reused)")
-    p.add_argument("--assets", help="where --random finds the model's yaml and configs (default: $MIZUOTO_ASSETS"
-                   " or the shared assets)")
-    p.add_argument("--text", default=BenchSettings.text, help="text of the request")
-    p.add_argument("--prompt-text", default="", help="prompt (reference) text of the request")
-    p.add_argument("--tokens", type=int, help=f"speech tokens per run, stop tokens suppressed "
-                   f"(default {BenchSettings.tokens}; {CPU_DEFAULTS['tokens']} off CUDA)")
-    p.add_argument("--runs", type=int, help=f"measured runs, the median is reported "
-                   f"(default {BenchSettings.runs}; {CPU_DEFAULTS['runs']} off CUDA)")
-    p.add_argument("--warmup", type=int, help=f"runs before measuring "
-                   f"(default {BenchSettings.warmup}; {CPU_DEFAULTS['warmup']} off CUDA)")
-    p.add_argument("--stream", action="store_true", help="also time a streamed request (first-chunk latency)")
-    p.add_argument("--device", help="cpu, cuda, cuda:1 (default: auto)")
-    p.add_argument("--precision", help="fp32 or fp16")
-    p.add_argument("--option", action="append", metavar="KEY=VALUE", help="load option, e.g. compute.cuda_graphs=on")
-    p.add_argument("--bandwidth", type=float, help="the device's peak bandwidth in GB/s (overrides the lookup)")
-    p.add_argument("--json", action="store_true", help="print the results as JSON")
-    return run_bench
-
-
-def add_bench_command(subparsers: Any) -> argparse.ArgumentParser:
-    """Register `bench` on an argparse subparsers object; the parser's `run` default is run_bench."""
-    p = subparsers.add_parser("bench", help="time each stage of a model on a fixed request",
-                              description=__doc__.split("\n\n")[0])
-    p.set_defaults(run=configure(p))
-    return p
-
-
-def _options(args: argparse.Namespace) -> LoadOptions:
-    from mizuoto.runtime.cli import load_options  # the CLI's own reading of --option/--device/--precision
-
-    return parse_options(load_options(args)).resolved()
-
-
-def run_bench(args: argparse.Namespace) -> int:
-    """Run `mizuoto bench` from parsed arguments; print the table or JSON."""
-    if getattr(args, "model_opt", None) is not None:
-        if args.model_dir is not None and args.model_dir != args.model_opt:
-            raise InvalidRequest("bench: give the model directory once (MODEL_DIR or -m DIR)")
-        args.model_dir = args.model_opt
-    if (args.model_dir is None) == (args.random is None):
-        raise InvalidRequest("bench: give a model directory or --random KIND (one of them)")
-    options = _options(args)
-    defaults = asdict(BenchSettings()) if options.device.startswith("cuda") else CPU_DEFAULTS
-    counts = {k: getattr(args, k) if getattr(args, k) is not None else defaults[k] for k in CPU_DEFAULTS}
-    settings = BenchSettings(text=args.text, prompt_text=args.prompt_text, stream=args.stream, **counts)
-    model_dir = Path(args.model_dir) if args.model_dir else None
-    if model_dir is not None and not model_dir.is_dir():
-        raise InvalidRequest(f"bench: not a directory: {model_dir}")
-    factory = load_factory(args.driver) if args.driver else find_factory(model_dir, args.random)
-    with tempfile.TemporaryDirectory(prefix="mizuoto-bench-") as tmp:
-        workdir = Path(args.workdir) if args.workdir else Path(tmp)
-        extra = {"assets": args.assets} if getattr(args, "assets", None) else {}
-        driver = factory(model_dir, args.random, options, settings, workdir, **extra)
-        try:
-            result = benchmark(driver, settings, args.bandwidth)
-        except torch.OutOfMemoryError as exc:
-            raise MizuotoError(f"bench: out of memory on {driver.device}: {exc}") from None
-    result["settings"] = asdict(settings)
-    result["options"] = {"device": options.device, "precision": options.precision, **asdict(options.compute)}
-    print(json.dumps(result, indent=2) if args.json else format_table(result))
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m mizuoto.runtime.bench ...` (the same as `mizuoto bench ...`)."""
-    parser = argparse.ArgumentParser(prog="mizuoto bench", description=__doc__.split("\n\n")[0])
-    run = configure(parser)
-    try:
-        return run(parser.parse_args(argv))
-    except MizuotoError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

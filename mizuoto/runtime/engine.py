@@ -13,7 +13,7 @@ from typing import Any, Union
 
 import torch
 
-from mizuoto.runtime.errors import AudioError, InvalidRequest
+from mizuoto.errors import AudioError, InvalidRequest
 
 # Synthesis modes (see docs/architecture.md):
 #   preset        speak as a preset speaker the model ships (voice = preset id)

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from mizuoto.runtime.errors import ModelLoadError
+from mizuoto.errors import ModelLoadError
 
 _REF = re.compile(r"<([^<>]+)>")
 

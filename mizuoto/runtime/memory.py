@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mizuoto.runtime.errors import InvalidRequest, MemoryBudgetError
+from mizuoto.errors import InvalidRequest, MemoryBudgetError
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from mizuoto.runtime.errors import InvalidRequest
+from mizuoto.errors import InvalidRequest
 
 PRECISIONS = ("fp32", "fp16")
 KV_CACHES = ("dynamic", "static")

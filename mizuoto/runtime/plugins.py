@@ -17,7 +17,7 @@ from typing import Any
 import pluggy
 
 from mizuoto.runtime import hookspecs
-from mizuoto.runtime.errors import InvalidRequest, ModelLoadError
+from mizuoto.errors import InvalidRequest, ModelLoadError
 from mizuoto.runtime.hookspecs import EngineRef, hookimpl
 
 ENTRY_POINT_GROUP = "mizuoto.engines"

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import torch
 
 from mizuoto.runtime.engine import AudioChunk, Model, SynthesisRequest
-from mizuoto.runtime.errors import InvalidRequest
+from mizuoto.errors import InvalidRequest
 from mizuoto.runtime.memory import Plan
 
 

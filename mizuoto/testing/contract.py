@@ -26,7 +26,7 @@ import torch
 from mizuoto.runtime.api import Runtime
 from mizuoto.runtime.engine import (MODES, AudioChunk, Capabilities, Engine, Reference, Stage, SynthesisRequest,
                                     Voice, check_request)
-from mizuoto.runtime.errors import InvalidRequest, MizuotoError
+from mizuoto.errors import InvalidRequest, MizuotoError
 from mizuoto.runtime.memory import Plan, measure, run_groups
 from mizuoto.runtime.plugins import default_registry
 from mizuoto.runtime.scheduler import Scheduler

@@ -16,7 +16,7 @@ import torch
 
 from mizuoto.runtime.engine import (MODES, AudioChunk, Capabilities, Engine, Model, Reference, Stage,
                                     SynthesisRequest, Voice, load_audio)
-from mizuoto.runtime.errors import InvalidRequest, ModelLoadError
+from mizuoto.errors import InvalidRequest, ModelLoadError
 
 CONFIG = "tone.json"
 NOTE_SECONDS = 0.06

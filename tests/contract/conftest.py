@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from mizuoto.runtime.errors import MizuotoError
+from mizuoto.errors import MizuotoError
 from mizuoto.testing.contract import ENV_MODELS, Case
 from mizuoto.testing.cosyvoice_cases import assemble_model_dir
 from mizuoto.testing.fixtures import fixtures_root

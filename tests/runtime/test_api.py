@@ -7,7 +7,7 @@ import torch
 
 from mizuoto.runtime.api import Runtime
 from mizuoto.runtime.engine import Capabilities, Reference, SynthesisRequest
-from mizuoto.runtime.errors import AudioError, InvalidRequest, MemoryBudgetError, ModelLoadError
+from mizuoto.errors import AudioError, InvalidRequest, MemoryBudgetError, ModelLoadError
 from mizuoto.testing.toy import ToneEngine, ToneModel, write_model
 
 

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from mizuoto.cli import bench as cli_bench
 from mizuoto.runtime import bench
-from mizuoto.runtime.errors import InvalidRequest
+from mizuoto.errors import InvalidRequest
 
 
 class FakeDriver:
@@ -77,7 +78,7 @@ def test_summary_arithmetic():
 
 def _parse(argv):
     parser = argparse.ArgumentParser()
-    run = bench.configure(parser)
+    run = cli_bench.configure(parser)
     return run, parser.parse_args(argv)
 
 
@@ -120,7 +121,7 @@ def test_bad_invocations_are_clear_errors(argv, message):
 
 
 def test_main_reports_errors_in_one_line(capsys):
-    assert bench.main(["--random", "nope-model"]) == 2
+    assert cli_bench.main(["--random", "nope-model"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: bench: no engine builds")
 
@@ -128,9 +129,9 @@ def test_main_reports_errors_in_one_line(capsys):
 def test_add_bench_command_registers_a_subcommand():
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command")
-    bench.add_bench_command(sub)
+    cli_bench.add_bench_command(sub)
     args = parser.parse_args(["bench", "--random", "cosyvoice2", "--json"])
-    assert args.run is bench.run_bench and args.random == "cosyvoice2" and args.json
+    assert args.run is cli_bench.run_bench and args.random == "cosyvoice2" and args.json
 
 
 def test_device_bandwidth_off_cuda():

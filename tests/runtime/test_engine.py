@@ -6,7 +6,7 @@ import torch
 
 from mizuoto.runtime.engine import (MODES, AudioChunk, Capabilities, Reference, Stage, SynthesisRequest, Voice,
                                     load_audio, resolve_mode)
-from mizuoto.runtime.errors import AudioError, InvalidRequest, MizuotoError
+from mizuoto.errors import AudioError, InvalidRequest, MizuotoError
 
 REF = (torch.zeros(160), 16000)
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from mizuoto.runtime.graphs import GraphedCallable, new_pool, unavailable_reason, use_cuda_graphs
-from mizuoto.runtime.lm.graph_step import DecodeSteps, GraphDecodeStep, GraphDraw
-from mizuoto.runtime.lm.qwen import QwenConfig, QwenDecoder
-from mizuoto.runtime.lm.sampling import FastSampler
+from mizuoto.runtime.decode import DecodeSteps, GraphDecodeStep, GraphDraw
+from mizuoto.nn.lm.qwen import QwenConfig, QwenDecoder
+from mizuoto.nn.lm.sampling import FastSampler
 
 
 def test_cpu_has_a_reason_and_the_option_is_a_logged_no_op(caplog):
@@ -106,7 +106,7 @@ def test_graph_draw_off_cuda_is_the_fast_sampler():
 
 def test_a_capture_that_fails_falls_back_to_eager(monkeypatch, caplog):
     import mizuoto.runtime.graphs as graphs
-    import mizuoto.runtime.lm.graph_step as graph_step
+    import mizuoto.runtime.decode as graph_step
 
     def refuse(self, device, warmup, pool):
         raise RuntimeError("operation not permitted when stream is capturing")

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from mizuoto.runtime.engine import Stage
-from mizuoto.runtime.errors import InvalidRequest, MemoryBudgetError
+from mizuoto.errors import InvalidRequest, MemoryBudgetError
 from mizuoto.runtime.memory import (Eviction, Pool, StageSize, format_bytes, measure, parse_bytes, plan_model,
                                     tensor_bytes)
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mizuoto.runtime.errors import InvalidRequest
+from mizuoto.errors import InvalidRequest
 from mizuoto.runtime.options import ComputeOptions, LoadOptions, parse_options
 
 

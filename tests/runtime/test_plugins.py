@@ -7,7 +7,7 @@ import types
 import pytest
 
 from mizuoto.runtime import plugins
-from mizuoto.runtime.errors import InvalidRequest, ModelLoadError, ResourceError
+from mizuoto.errors import InvalidRequest, ModelLoadError, ResourceError
 from mizuoto.runtime.hookspecs import EngineRef, hookimpl
 from mizuoto.runtime.plugins import Registry
 from mizuoto.testing.toy import ToneEngine

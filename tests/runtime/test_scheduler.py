@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from mizuoto.runtime.engine import Reference, SynthesisRequest
-from mizuoto.runtime.errors import InvalidRequest
+from mizuoto.errors import InvalidRequest
 from mizuoto.runtime.memory import Plan, measure, run_groups
 from mizuoto.runtime.options import LoadOptions
 from mizuoto.runtime.scheduler import Scheduler

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from mizuoto.runtime.errors import InvalidRequest
+from mizuoto.errors import InvalidRequest
 from mizuoto.testing.fixtures import asset_path, fixture_path, read_jsonl
 from mizuoto.text.normalize.pipeline import TextFrontend
 from mizuoto.text.normalize.wetext import WetextNormalizer

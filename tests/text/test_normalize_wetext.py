@@ -5,10 +5,9 @@ import random
 
 import pytest
 
-from mizuoto.runtime.errors import InvalidRequest, ResourceError
+from mizuoto.errors import InvalidRequest, ResourceError
 from mizuoto.testing.fixtures import asset_path, fixture_path, read_jsonl
 from mizuoto.text.normalize import long_text
-from mizuoto.text.normalize import wetext as wetext_module
 from mizuoto.text.normalize.wetext import WetextNormalizer, contains_chinese
 
 _LINES = read_jsonl(fixture_path("text", "normalize.jsonl"))
@@ -103,30 +102,3 @@ def test_fixed_language_and_bad_language():
 def test_missing_fst_is_a_clear_error(tmp_path):
     with pytest.raises(ResourceError, match="tagger.fst"):
         WetextNormalizer(tmp_path)
-
-
-def test_default_fst_dir_prefers_home(tmp_path, monkeypatch):
-    target = tmp_path / "cosyvoice" / "wetext"
-    target.parent.mkdir(parents=True)
-    target.symlink_to(asset_path("wetext", "fsts"), target_is_directory=True)
-    monkeypatch.setenv("MIZUOTO_HOME", str(tmp_path))
-    assert wetext_module.default_fst_dir() == target
-
-
-def test_default_fst_dir_uses_wheel_fsts(tmp_path, monkeypatch):
-    monkeypatch.setenv("MIZUOTO_HOME", str(tmp_path / "empty"))
-    wheel = asset_path("wetext", "fsts")
-    monkeypatch.setattr(wetext_module, "_wheel_fst_dirs", lambda: [wheel])
-    assert wetext_module.default_fst_dir() == wheel
-
-
-def test_default_fst_dir_missing_says_where_it_looked(tmp_path, monkeypatch):
-    monkeypatch.setenv("MIZUOTO_HOME", str(tmp_path))
-    monkeypatch.setattr(wetext_module, "_wheel_fst_dirs", lambda: [])
-    with pytest.raises(ResourceError, match="cosyvoice/wetext.*pip install wetext"):
-        wetext_module.default_fst_dir()
-
-
-def test_wheel_version_range():
-    assert wetext_module._version_tuple("0.0.9") <= (0, 1, 0)
-    assert wetext_module._version_tuple("0.1.8") > (0, 1, 0)

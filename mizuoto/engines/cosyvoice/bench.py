@@ -26,7 +26,7 @@ from mizuoto.engines.cosyvoice.llm import ENDOFPROMPT_ID, QwenSpeechLM, build_lm
 from mizuoto.engines.cosyvoice.noise import cosyvoice3_noise
 from mizuoto.engines.cosyvoice.synthesis import Synthesizer, schedule_for
 from mizuoto.engines.cosyvoice.variants import find_variant, load_config
-from mizuoto.runtime.errors import InvalidRequest
+from mizuoto.errors import InvalidRequest
 from mizuoto.runtime.graphs import use_cuda_graphs
 
 BLANK_EN = "CosyVoice-BlankEN"

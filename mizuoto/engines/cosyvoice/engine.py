@@ -28,7 +28,7 @@ from mizuoto.engines.cosyvoice.variants import find_variant, load_config
 from mizuoto.nn.vocoders.f0 import f0_device
 from mizuoto.runtime.engine import (MODES, AudioChunk, Capabilities, Engine, Model, Reference, Stage,
                                     SynthesisRequest, Voice)
-from mizuoto.runtime.errors import InvalidRequest, MizuotoError, ModelLoadError
+from mizuoto.errors import InvalidRequest, MizuotoError, ModelLoadError
 from mizuoto.runtime.graphs import use_cuda_graphs
 from mizuoto.runtime.options import LoadOptions
 

@@ -22,7 +22,7 @@ from mizuoto.nn.flow.unet1d import ConditionalDecoder
 from mizuoto.nn.transformer.masks import make_pad_mask
 from mizuoto.nn.transformer.upsample import UpsampleConformerEncoder
 from mizuoto.nn.transformer.wenet import ConformerEncoder
-from mizuoto.runtime.errors import InvalidRequest, ModelLoadError
+from mizuoto.errors import InvalidRequest, ModelLoadError
 from mizuoto.runtime.hyperyaml import Tagged
 
 N_TIMESTEPS = 10  # upstream's flow.inference always asks the decoder for 10 Euler steps

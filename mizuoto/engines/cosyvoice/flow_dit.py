@@ -14,7 +14,7 @@ from mizuoto.engines.cosyvoice.flow import (ESTIMATORS, FLOWS, N_TIMESTEPS, Xvec
 from mizuoto.nn.flow.cfm import ConditionalCFM
 from mizuoto.nn.transformer.dit import DiT
 from mizuoto.nn.transformer.upsample import PreLookaheadLayer
-from mizuoto.runtime.errors import ModelLoadError
+from mizuoto.errors import ModelLoadError
 from mizuoto.runtime.hyperyaml import Tagged
 
 # Estimator options that only matter for training or for decoding modes upstream never uses here.

@@ -20,8 +20,8 @@ from mizuoto.engines.cosyvoice.variants import ENDOFPROMPT, Variant
 from mizuoto.nn.dsp.kaldi import kaldi_fbank, mean_normalize
 from mizuoto.nn.dsp.mel import MatchaMelConfig, matcha_mel, whisper_log_mel
 from mizuoto.nn.dsp.wav import load_wav
-from mizuoto.runtime.assets import resource_dir
-from mizuoto.runtime.errors import AudioError, InvalidRequest, ModelLoadError
+from mizuoto.engines.cosyvoice.resources import default_fst_dir, whisper_vocab_dir
+from mizuoto.errors import AudioError, InvalidRequest, ModelLoadError
 
 SPEECH_TOKEN_RATE = 16000   # the speech tokenizer and CAM++ listen at 16 kHz
 PROMPT_MEL_RATE = 24000     # upstream computes the prompt mel at 24 kHz for every generation
@@ -33,14 +33,6 @@ BLANK_EN = "CosyVoice-BlankEN"
 CAMPPLUS = "campplus.onnx"
 
 Audio = Any  # a path, bytes, or (samples, sample_rate)
-
-
-def _whisper_candidates() -> list[Path]:
-    # An installed openai-whisper ships the vocabulary in its assets folder; found without importing it.
-    spec = importlib.util.find_spec("whisper")
-    if spec is None or not spec.submodule_search_locations:
-        return []
-    return [Path(loc) / "assets" for loc in spec.submodule_search_locations]
 
 
 class CosyVoiceFrontend:
@@ -87,7 +79,7 @@ class CosyVoiceFrontend:
             from mizuoto.text.tokenize import QwenTokenizer, WhisperTokenizer
 
             if self.variant.text_tokenizer == "whisper":
-                folder = resource_dir("whisper", [self.model_dir, *_whisper_candidates()])
+                folder = whisper_vocab_dir(self.model_dir)
                 return WhisperTokenizer.from_file(folder / WHISPER_TIKTOKEN)
             blank_en = self.model_dir / BLANK_EN
             missing = [n for n in ("vocab.json", "merges.txt") if not (blank_en / n).is_file()]
@@ -102,7 +94,7 @@ class CosyVoiceFrontend:
     def text_frontend(self):
         """Upstream's text_normalize over the wetext FSTs (the shared resource cosyvoice/wetext)."""
         def make():
-            from mizuoto.text.normalize import TextFrontend, WetextNormalizer, default_fst_dir
+            from mizuoto.text.normalize import TextFrontend, WetextNormalizer
 
             return TextFrontend(WetextNormalizer(default_fst_dir()), self.tokenizer.encode)
         return self._part("text_frontend", make)

@@ -21,7 +21,7 @@ from mizuoto.nn.vocoders.f0 import CausalConvRNNF0Predictor, ConvRNNF0Predictor,
 from mizuoto.nn.vocoders.hift import CausalHiFTGenerator, HiFTGenerator
 from mizuoto.nn.vocoders.layers import fold_weight_norm
 from mizuoto.nn.vocoders.source import FixedSourceNoise
-from mizuoto.runtime.errors import ModelLoadError
+from mizuoto.errors import ModelLoadError
 from mizuoto.runtime.hyperyaml import Tagged
 
 _GENERATORS = {"HiFTGenerator": HiFTGenerator, "CausalHiFTGenerator": CausalHiFTGenerator}

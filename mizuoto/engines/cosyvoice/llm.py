@@ -18,9 +18,9 @@ from torch import nn
 
 from mizuoto.engines.cosyvoice.sampling import Sampler
 from mizuoto.nn.transformer.wenet import ConformerEncoder, TransformerEncoder
-from mizuoto.runtime.errors import InvalidRequest, MizuotoError, ModelLoadError
-from mizuoto.runtime.lm.graph_step import DecodeSteps
-from mizuoto.runtime.lm.qwen import QwenConfig, QwenDecoder
+from mizuoto.errors import InvalidRequest, MizuotoError, ModelLoadError
+from mizuoto.runtime.decode import DecodeSteps
+from mizuoto.nn.lm.qwen import QwenConfig, QwenDecoder
 
 VARIANTS = ("Qwen2LM", "CosyVoice3LM")  # on a Qwen2 decoder
 V1_VARIANT = "TransformerLM"

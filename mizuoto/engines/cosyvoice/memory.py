@@ -16,7 +16,7 @@ from torch import nn
 from mizuoto.engines.cosyvoice.llm import (LM_OVERHEAD_BYTES, MAX_TOKEN_TEXT_RATIO, PROMPT_POSITIONS_CAP,
                                            QwenSpeechLM, TransformerSpeechLM)
 from mizuoto.runtime.engine import SynthesisRequest
-from mizuoto.runtime.lm.qwen import QwenConfig
+from mizuoto.nn.lm.qwen import QwenConfig
 
 # upstream's split_paragraph flushes past 80 tokens and merges tails under 20: a segment rarely
 # exceeds 100 text tokens; the LM speaks at most 20 speech tokens per text token.

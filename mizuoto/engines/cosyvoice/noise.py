@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from mizuoto.nn.vocoders.f0 import CausalConvRNNF0Predictor
-from mizuoto.runtime.errors import InvalidRequest, ModelLoadError
+from mizuoto.errors import InvalidRequest, ModelLoadError
 
 # Literals in upstream's constructors (not yaml sizes): CausalConditionalCFM's noise buffer,
 # and SineGen2 / SourceModuleHnNSF's causal noise (300 s at 24 kHz, 9 harmonics).

@@ -13,7 +13,7 @@ from typing import Sequence
 
 import torch
 
-from mizuoto.runtime.errors import ModelLoadError
+from mizuoto.errors import ModelLoadError
 
 
 def nucleus_sampling(scores: torch.Tensor, generator: torch.Generator | None,

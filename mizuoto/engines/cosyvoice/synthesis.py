@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mizuoto.runtime.errors import InvalidRequest
+from mizuoto.errors import InvalidRequest
 
 
 class LMStage(Protocol):

@@ -4,7 +4,7 @@ A Whisper-style encoder over the 128-bin Whisper log-mel (two strided convolutio
 pre-LN residual blocks) followed by a quantizer: v1 (50 Hz) adds an absolute positional
 embedding and picks the nearest entry of a cosine VQ codebook; v2/v3 (25 Hz) rotate q/k (RoPE),
 add an FSMN memory to the attention output and quantize with FSQ (3 levels per channel).
-Every size comes from the ONNX file (see s3tokenizer_onnx.py). Numerics follow the exported
+Every size comes from the ONNX file (see runtime/convert/s3tokenizer.py). Numerics follow the exported
 graphs, so tokens equal onnxruntime's except on frames that sit on a decision boundary.
 """
 
@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mizuoto.runtime.errors import InvalidRequest
+from mizuoto.errors import InvalidRequest
 
 # The Whisper log-mel has 100 frames per second (hop 160 at 16 kHz); upstream refuses > 30 s.
 FRAMES_PER_SECOND = 100
@@ -127,7 +127,7 @@ class S3Tokenizer(nn.Module):
     @classmethod
     def from_onnx(cls, path: str | Path, progress=None) -> "S3Tokenizer":
         """Build from a speech_tokenizer_v*.onnx file (converted once, then cached)."""
-        from mizuoto.nn.codecs.s3tokenizer_onnx import load_s3tokenizer
+        from mizuoto.runtime.convert.s3tokenizer import load_s3tokenizer
 
         return load_s3tokenizer(path, progress)
 

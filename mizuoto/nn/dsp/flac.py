@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 
 from mizuoto.nn.dsp.wav import AudioArray, encode_audio
-from mizuoto.runtime.assets import atomic_write_bytes
-from mizuoto.runtime.errors import AudioError
+from mizuoto.files import atomic_write_bytes
+from mizuoto.errors import AudioError
 
 FLAC_BITS = (16, 24)
 

@@ -14,7 +14,7 @@ from functools import lru_cache
 import torch
 from torch import Tensor
 
-from mizuoto.runtime.errors import InvalidRequest
+from mizuoto.errors import InvalidRequest
 
 _EPS = torch.finfo(torch.float32).eps  # Kaldi's log floor: numeric_limits<float>::epsilon()
 

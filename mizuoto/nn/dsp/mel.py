@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mizuoto.runtime.errors import InvalidRequest, ModelLoadError
+from mizuoto.errors import InvalidRequest, ModelLoadError
 
 WHISPER_SAMPLE_RATE = 16000
 WHISPER_N_FFT = 400

@@ -20,7 +20,7 @@ from functools import lru_cache
 import torch
 from torch import Tensor
 
-from mizuoto.runtime.errors import InvalidRequest
+from mizuoto.errors import InvalidRequest
 
 LOWPASS_FILTER_WIDTH = 6
 ROLLOFF = 0.99

@@ -23,8 +23,8 @@ import torch
 from torch import Tensor
 
 from mizuoto.nn.dsp.resample import resample
-from mizuoto.runtime.assets import atomic_write_bytes
-from mizuoto.runtime.errors import AudioError
+from mizuoto.files import atomic_write_bytes
+from mizuoto.errors import AudioError
 
 AudioSource = Union[str, os.PathLike, bytes, BinaryIO]
 AudioArray = Union[Tensor, np.ndarray]

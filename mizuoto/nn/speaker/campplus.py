@@ -168,7 +168,7 @@ class CAMPPlus(nn.Module):
     @classmethod
     def from_onnx(cls, path: str | Path, progress=None) -> "CAMPPlus":
         """Build from a campplus.onnx file (converted once, then cached)."""
-        from mizuoto.nn.speaker.campplus_onnx import load_campplus
+        from mizuoto.runtime.convert.campplus import load_campplus
 
         return load_campplus(path, progress)
 

@@ -21,8 +21,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mizuoto.runtime.assets import atomic_path, model_cache_dir
-from mizuoto.runtime.errors import ModelLoadError
+from mizuoto.files import atomic_path
+from mizuoto.runtime.assets import model_cache_dir
+from mizuoto.errors import ModelLoadError
 
 CONVERTER_VERSION = "1"
 _log = logging.getLogger("mizuoto.convert")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import string
 
-from mizuoto.runtime.errors import MizuotoError
+from mizuoto.errors import MizuotoError
 
 # Field orders of wetext 0.0.4's text normalization ("tn") for each language.
 _ORDERS: dict[str, dict[str, list[str]]] = {

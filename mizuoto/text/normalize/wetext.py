@@ -8,24 +8,17 @@ space), exactly as wetext 0.0.4 returns it.
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import re
 from pathlib import Path
 
 import kaldifst
 
-from mizuoto.runtime.assets import resource_dir
-from mizuoto.runtime.errors import InvalidRequest, ResourceError
+from mizuoto.errors import InvalidRequest, ResourceError
 from mizuoto.text.normalize import long_text
 from mizuoto.text.normalize.fast_tagger import FastTagger, fast_tagger
 from mizuoto.text.normalize.token_parser import reorder
 
-RESOURCE = "cosyvoice/wetext"
 LANGS = ("zh", "en")
-# wetext wheels that bundle the same ModelScope FST snapshot upstream downloads (0.1.1+ ship
-# a rebuilt set with different output).
-_WHEEL_VERSIONS = ((0, 0, 7), (0, 1, 0))
 
 _DIGIT = re.compile(r"\d")  # Unicode digits, as wetext's gate
 # Pieces of long texts repeat (words, common phrases); their readings are kept up to this many.
@@ -43,33 +36,6 @@ def check_unicode(text: str) -> None:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
         raise InvalidRequest(f"text is not valid Unicode: {text[e.start:e.end]!r} at character {e.start}") from None
-
-
-def _version_tuple(version: str) -> tuple[int, ...]:
-    return tuple(int(m) for m in re.findall(r"\d+", version)[:3])
-
-
-def _wheel_fst_dirs() -> list[Path]:
-    """The `fsts` folder of an installed wetext wheel of a matching version, found without importing it."""
-    try:
-        spec = importlib.util.find_spec("wetext")
-        version = importlib.metadata.version("wetext")
-    except (ImportError, ValueError, importlib.metadata.PackageNotFoundError):
-        return []
-    if spec is None or not spec.submodule_search_locations:
-        return []
-    low, high = _WHEEL_VERSIONS
-    if not low <= _version_tuple(version) <= high:
-        return []
-    return [Path(loc) / "fsts" for loc in spec.submodule_search_locations]
-
-
-def default_fst_dir() -> Path:
-    """The FST folder (`{zh,en}/tn/*.fst`): $MIZUOTO_HOME/cosyvoice/wetext, else a wetext 0.0.7-0.1.0 wheel's."""
-    try:
-        return resource_dir(RESOURCE, candidates=_wheel_fst_dirs())
-    except ResourceError as e:
-        raise ResourceError(f"{e}, or `pip install wetext==0.1.0` for its bundled FSTs") from None
 
 
 class WetextNormalizer:

@@ -12,7 +12,7 @@ import unicodedata
 from functools import lru_cache
 from pathlib import Path
 
-from mizuoto.runtime.errors import InvalidRequest, ModelLoadError
+from mizuoto.errors import InvalidRequest, ModelLoadError
 from mizuoto.text.tokenize.bpe import ByteBPE
 from mizuoto.text.tokenize.pretokenize import qwen2_pattern
 

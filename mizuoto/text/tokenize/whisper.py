@@ -10,7 +10,7 @@ import binascii
 from functools import lru_cache
 from pathlib import Path
 
-from mizuoto.runtime.errors import ModelLoadError
+from mizuoto.errors import ModelLoadError
 from mizuoto.text.tokenize.bpe import ByteBPE
 from mizuoto.text.tokenize.pretokenize import gpt2_pattern
 

@@ -1,6 +1,6 @@
 """The Piper engine: VITS voices exported to ONNX, run on onnxruntime, phonemes from espeak-ng.
 
-Only Mizuoto's public API is used (mizuoto.runtime.engine and mizuoto.runtime.errors). The
+Only Mizuoto's public API is used (mizuoto.runtime.engine and mizuoto.errors). The
 weights live in an onnxruntime session, not in torch modules, so the stages own no modules and
 declare the session's memory by formula instead (see `vits_bytes`).
 """
@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from mizuoto.runtime.engine import AudioChunk, Capabilities, Engine, Model, Stage, SynthesisRequest, Voice
-from mizuoto.runtime.errors import InvalidRequest, ModelLoadError
+from mizuoto.errors import InvalidRequest, ModelLoadError
 from mizuoto_piper.noise import NOISE_INPUT, draw, make_seedable
 from mizuoto_piper.phonemize import phonemize
 from mizuoto_piper.voice import VoiceConfig, find_voice, is_piper_config

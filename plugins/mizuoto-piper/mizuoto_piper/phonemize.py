@@ -12,7 +12,7 @@ import re
 import threading
 from pathlib import Path
 
-from mizuoto.runtime.errors import ResourceError
+from mizuoto.errors import ResourceError
 
 _AUDIO_OUTPUT_SYNCHRONOUS = 2
 _CHARS_UTF8 = 1

@@ -7,7 +7,7 @@ import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
-from mizuoto.runtime.errors import ModelLoadError
+from mizuoto.errors import ModelLoadError
 
 PAD, BOS, EOS = "_", "^", "$"
 

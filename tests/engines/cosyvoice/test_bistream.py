@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from mizuoto.runtime.engine import Reference, SynthesisRequest
-from mizuoto.runtime.errors import InvalidRequest, MizuotoError
+from mizuoto.errors import InvalidRequest, MizuotoError
 
 WORDS = ("one two three four five six seven eight nine ten " * 4).split()
 REF_TEXT = "A short reference sentence."

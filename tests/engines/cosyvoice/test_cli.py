@@ -12,7 +12,7 @@ import soundfile
 import torch
 
 from mizuoto.engines.cosyvoice.variants import find_variant
-from mizuoto.runtime.cli import main
+from mizuoto.cli.main import main
 from mizuoto.runtime.hyperyaml import load_hyperyaml
 
 MIZUOTO = str(Path(sys.executable).with_name("mizuoto"))

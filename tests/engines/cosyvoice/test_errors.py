@@ -11,7 +11,7 @@ import torch
 
 from mizuoto.runtime.api import Runtime
 from mizuoto.runtime.engine import Reference, SynthesisRequest
-from mizuoto.runtime.errors import AudioError, InvalidRequest, MizuotoError, ModelLoadError
+from mizuoto.errors import AudioError, InvalidRequest, MizuotoError, ModelLoadError
 
 TEXT = "Hello world."
 REF_TEXT = "A short reference sentence."

@@ -26,7 +26,7 @@ import torch
 from mizuoto.engines.cosyvoice.flow import (CausalMaskedDiffWithXvec, MaskedDiffWithXvec, build_flow,
                                             load_flow_weights)
 from mizuoto.nn.flow.cfm import FIXED_NOISE_SHAPE, fixed_noise
-from mizuoto.runtime.errors import InvalidRequest, ModelLoadError
+from mizuoto.errors import InvalidRequest, ModelLoadError
 from mizuoto.runtime.hyperyaml import load_hyperyaml
 from mizuoto.testing.cosyvoice_cases import CaseRef, list_cases, load_case
 from mizuoto.testing.fixtures import fixtures_root

@@ -26,7 +26,7 @@ from mizuoto.engines.cosyvoice.hift import build_hift, convert_state_dict, load_
 from mizuoto.engines.cosyvoice.noise import cosyvoice3_noise
 from mizuoto.nn.vocoders.hift import CausalHiFTGenerator
 from mizuoto.nn.vocoders.layers import fold_weight_norm
-from mizuoto.runtime.errors import ModelLoadError
+from mizuoto.errors import ModelLoadError
 from mizuoto.runtime.hyperyaml import load_hyperyaml
 from mizuoto.testing.cosyvoice_cases import list_cases, load_case
 from mizuoto.testing.mkl_intel import require_intel_path

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mizuoto.engines.cosyvoice.llm import V1_VARIANT, VARIANTS, build_lm, drop_silent_runs, load_lm, load_lm_state
-from mizuoto.runtime.errors import InvalidRequest, MizuotoError, ModelLoadError
+from mizuoto.errors import InvalidRequest, MizuotoError, ModelLoadError
 from mizuoto.runtime.hyperyaml import load_hyperyaml
 from mizuoto.testing.cosyvoice_cases import list_cases, load_case
 

@@ -16,7 +16,7 @@ from mizuoto.engines.cosyvoice.memory import (ACTIVATION_FACTOR, MEL_FRAMES_PER_
                                               qwen_lm_working_bytes, transformer_lm_working_bytes)
 from mizuoto.runtime.engine import Reference, SynthesisRequest
 from mizuoto.runtime.hyperyaml import load_hyperyaml
-from mizuoto.runtime.lm.qwen import QwenConfig
+from mizuoto.nn.lm.qwen import QwenConfig
 from mizuoto.testing.fixtures import asset_path
 
 MiB = 1024 ** 2

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from mizuoto.engines.cosyvoice.noise import (FLOW_NOISE_SHAPE, NOISE_DIM, NOISE_FRAMES, advance_generator,
                                              construction_plan, cosyvoice3_noise)
-from mizuoto.runtime.errors import InvalidRequest, ModelLoadError
+from mizuoto.errors import InvalidRequest, ModelLoadError
 from mizuoto.runtime.hyperyaml import load_hyperyaml
 from mizuoto.testing.fixtures import assets_root, fixtures_root
 

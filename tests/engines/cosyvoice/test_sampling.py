@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from mizuoto.engines.cosyvoice.sampling import Sampler, nucleus_sampling, random_sampling, ras_sampling
-from mizuoto.runtime.errors import ModelLoadError
+from mizuoto.errors import ModelLoadError
 from mizuoto.runtime.hyperyaml import Tagged
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mizuoto.runtime.api import Runtime
-from mizuoto.runtime.errors import InvalidRequest, ModelLoadError
+from mizuoto.errors import InvalidRequest, ModelLoadError
 
 TEXT = "The quick brown fox jumps over the lazy dog."
 
@@ -43,7 +43,7 @@ def test_uses_only_public_api():
     """Every mizuoto import in the plugin is from the public modules."""
     import mizuoto_piper
 
-    allowed = {"mizuoto.runtime.engine", "mizuoto.runtime.errors", "mizuoto.runtime.hookspecs"}
+    allowed = {"mizuoto.runtime.engine", "mizuoto.errors", "mizuoto.runtime.hookspecs"}
     for path in Path(mizuoto_piper.__file__).parent.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("mizuoto."):
@@ -54,7 +54,7 @@ def test_uses_only_public_api():
 
 def test_cli_lists_piper(capsys):
     """`mizuoto engines` lists piper with its plugin name and capabilities."""
-    from mizuoto.runtime.cli import main
+    from mizuoto.cli.main import main
 
     assert main(["engines"]) == 0
     out = capsys.readouterr().out

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 import mizuoto.runtime.convert.onnx as conv
 from mizuoto.nn.codecs.s3tokenizer import S3Tokenizer
-from mizuoto.runtime.errors import InvalidRequest
+from mizuoto.errors import InvalidRequest
 from mizuoto.testing.fixtures import fixture_path
 from mizuoto.testing.mkl_intel import require_intel_path
 
@@ -158,7 +158,7 @@ def test_biases_held_as_constant_nodes_convert_the_same(tmp_path, version):
     """Released v3 files keep some biases in Constant nodes instead of initializers."""
     from onnx import helper
 
-    from mizuoto.nn.codecs.s3tokenizer_onnx import read_s3tokenizer
+    from mizuoto.runtime.convert.s3tokenizer import read_s3tokenizer
 
     source = _FRONTEND / "models" / dict(_MODELS)[version]
     model = onnx.load(str(source))

@@ -5,7 +5,7 @@ import soundfile as sf
 import torch
 
 from mizuoto.nn.dsp import flac_bytes, load_wav, read_audio, write_flac
-from mizuoto.runtime.errors import AudioError
+from mizuoto.errors import AudioError
 
 
 @pytest.mark.parametrize("bits", [16, 24])

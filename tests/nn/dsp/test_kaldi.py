@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from mizuoto.nn.dsp import kaldi_fbank, mean_normalize
-from mizuoto.runtime.errors import InvalidRequest
+from mizuoto.errors import InvalidRequest
 
 
 def test_fbank_and_cmn_equal_reference(clip, speech_at, refs, intel_mkl):

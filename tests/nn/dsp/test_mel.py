@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from mizuoto.nn.dsp import MatchaMelConfig, matcha_mel, slaney_mel_filters, whisper_log_mel
-from mizuoto.runtime.errors import InvalidRequest, ModelLoadError
+from mizuoto.errors import InvalidRequest, ModelLoadError
 from mizuoto.runtime.hyperyaml import load_hyperyaml
 from mizuoto.testing.fixtures import fixture_path
 

@@ -7,7 +7,7 @@ import torch
 
 from mizuoto.nn.dsp import resample, resampled_length
 from mizuoto.nn.dsp.resample import _kernel
-from mizuoto.runtime.errors import InvalidRequest
+from mizuoto.errors import InvalidRequest
 
 
 def test_resample_matches_reference_exactly(clip, clip_info, refs, parse_rate):

@@ -6,7 +6,7 @@ import soundfile as sf
 import torch
 
 from mizuoto.nn.dsp import load_wav, read_audio, to_mono, wav_bytes, write_wav
-from mizuoto.runtime.errors import AudioError
+from mizuoto.errors import AudioError
 
 
 def test_clip_decodes_to_reference_audio(clip, clip_info, wav_path, refs):

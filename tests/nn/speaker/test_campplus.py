@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 import mizuoto.runtime.convert.onnx as conv
 from mizuoto.nn.speaker.campplus import CAMPPlus
-from mizuoto.nn.speaker.campplus_onnx import node_scope
+from mizuoto.runtime.convert.campplus import node_scope
 from mizuoto.testing.fixtures import fixture_path
 from mizuoto.testing.mkl_intel import require_intel_path
 

@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 
 import mizuoto.runtime.assets as assets
 import mizuoto.runtime.convert.onnx as conv
-from mizuoto.runtime.errors import ModelLoadError
+from mizuoto.errors import ModelLoadError
 
 
 def _write_model(path: Path, scale: float = 1.0) -> None:

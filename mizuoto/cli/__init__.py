@@ -1,0 +1,1 @@
+"""The `mizuoto` command line: subcommands over the Runtime (say, models, engines, serve, bench)."""

@@ -1,0 +1,220 @@
+"""The `mizuoto` command: engines, models --plan, say. Errors are one line on stderr; --debug shows tracebacks."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from mizuoto.errors import InvalidRequest, MemoryBudgetError, MizuotoError
+
+# Subcommand name -> (help, setup(parser) -> run(args) -> exit code).
+COMMANDS: dict[str, tuple[str, Callable]] = {}
+
+
+def command(name: str, help: str):
+    """Register a subcommand: the decorated function sets up its parser and returns its runner."""
+    def register(setup: Callable) -> Callable:
+        COMMANDS[name] = (help, setup)
+        return setup
+    return register
+
+
+def _budgets(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--vram", help="device memory budget, e.g. 4GiB (default: what is free)")
+    p.add_argument("--ram", help="host memory budget, e.g. 16GiB (default: what is available)")
+
+
+def load_options(args: argparse.Namespace) -> dict:
+    """Load options from --option KEY=VALUE, --device and --precision (unknown keys fail later, in parse_options)."""
+    options = {}
+    for item in args.option or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise InvalidRequest(f"--option takes KEY=VALUE, got {item!r}")
+        options[key.strip()] = value.strip()
+    for key in ("device", "precision"):
+        if getattr(args, key, None) is not None:
+            options[key] = getattr(args, key)
+    return options
+
+
+def _load_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--engine", help="engine name (default: detected from the directory)")
+    p.add_argument("--device", help="cpu, cuda, cuda:1, mps (default: auto)")
+    p.add_argument("--precision", help="fp32 or fp16")
+    p.add_argument("--option", action="append", metavar="KEY=VALUE",
+                   help="load option such as compute.kv_cache=static (repeatable)")
+
+
+@command("engines", "list the registered engines and their capabilities")
+def _engines_setup(p: argparse.ArgumentParser) -> Callable:
+    def run(args: argparse.Namespace) -> int:
+        from mizuoto.runtime.api import Runtime
+
+        rt = Runtime()
+        for name, cls in rt.engines().items():
+            caps = cls.capabilities
+            what = (f"modes {','.join(sorted(caps.modes))}; {caps.sample_rate} Hz"
+                    f"{'; stream out' if caps.stream_out else ''}{'; stream in' if caps.stream_in else ''}"
+                    f"{'; languages ' + ','.join(caps.languages) if caps.languages else ''}"
+                    if caps else "capabilities depend on the model")
+            print(f"{name:<12} [{rt.registry.plugin_of(name)}] {what}{'  - ' + cls.description if cls.description else ''}")
+        for failure in rt.failures:
+            print(f"unavailable: {failure}")
+        return 0
+    return run
+
+
+@command("models", "detect model directories and show their memory plans")
+def _models_setup(p: argparse.ArgumentParser) -> Callable:
+    p.add_argument("dirs", nargs="+", metavar="DIR")
+    p.add_argument("--plan", action="store_true", help="print each model's memory plan and what admission evicts")
+    p.add_argument("--stream", action="store_true", help="plan for streaming requests")
+    _budgets(p)
+    _load_arguments(p)
+
+    def run(args: argparse.Namespace) -> int:
+        import torch
+
+        from mizuoto.runtime.api import Runtime
+        from mizuoto.runtime.memory import Pool, detect_budget, format_bytes, measure, parse_bytes, plan_model
+
+        rt = Runtime(ram=args.ram)
+        if not args.plan:
+            for d in args.dirs:
+                hits = rt.detect(d)
+                found = ", ".join(f"{e}{f' ({v})' if v else ''}" for e, v in hits) or "no engine recognises it"
+                print(f"{d}: {found}")
+            return 0
+        # Plans are arithmetic: models load on the host and are planned for the target device.
+        target = args.device or ("cuda" if args.vram is not None or torch.cuda.is_available() else "cpu")
+        vram = parse_bytes(args.vram) if args.vram is not None else detect_budget(target)
+        ram = parse_bytes(args.ram) if args.ram is not None else detect_budget("cpu")
+        options = {**load_options(args), "device": "cpu"}
+        on_host = torch.device(target).type == "cpu"
+        pool = Pool(vram if not on_host else ram, None if on_host else ram)
+        refused = 0
+        for d in args.dirs:
+            name = rt.load(d, engine=args.engine, **options)
+            sizes = measure(rt.model(name).stages, None, None)
+            try:
+                plan = plan_model(name, sizes, pool.device_budget, target, args.stream)
+            except MemoryBudgetError as e:
+                print(f"refused: {e}")
+                refused += 1
+                continue
+            print(plan.table())
+            for ev in pool.admit(name, plan.peak, plan.fixed, plan.movable, plan.waiting):
+                print(f"  admitting {name} {ev.action}s {ev.model}")
+        dev, host = pool.used()
+        print(f"device {target}: {format_bytes(dev)} of {format_bytes(pool.device_budget)} in use;"
+              f" active: {', '.join(n for n in pool.order() if pool.state(n) == 'device') or 'none'};"
+              f" offloaded: {', '.join(n for n in pool.order() if pool.state(n) == 'host') or 'none'}")
+        return 1 if refused else 0
+    return run
+
+
+@command("say", "synthesize TEXT with a model into a wav file")
+def _say_setup(p: argparse.ArgumentParser) -> Callable:
+    from mizuoto.runtime.engine import MODES
+
+    p.add_argument("text", nargs="?", help="text to speak ('-' reads stdin; omit for --mode vc)")
+    p.add_argument("-m", "--model", required=True, help="model directory")
+    p.add_argument("-o", "--output", required=True, help="output wav path (written atomically)")
+    voice = p.add_mutually_exclusive_group()
+    voice.add_argument("--voice", help="preset (or cached) voice id")
+    voice.add_argument("--ref-audio", help="reference audio file to clone")
+    p.add_argument("--ref-text", help="transcript of the reference audio")
+    p.add_argument("--instruct", help="instruction text (mode instruct)")
+    p.add_argument("--source-audio", help="audio to convert (mode vc)")
+    p.add_argument("--mode", choices=MODES, help="default: inferred from the other arguments")
+    p.add_argument("--speed", type=float, default=1.0)
+    p.add_argument("--stream", action="store_true", help="request streaming synthesis (chunked audio)")
+    p.add_argument("--seed", type=int)
+    _budgets(p)
+    _load_arguments(p)
+
+    def run(args: argparse.Namespace) -> int:
+        from mizuoto.runtime.api import Runtime
+        from mizuoto.runtime.engine import Reference, SynthesisRequest
+
+        if args.ref_text is not None and args.ref_audio is None:
+            raise InvalidRequest("--ref-text needs --ref-audio")
+        text = sys.stdin.read() if args.text == "-" else args.text
+        voice = Reference(args.ref_audio, args.ref_text) if args.ref_audio else args.voice
+        request = SynthesisRequest(text=text, mode=args.mode, voice=voice, instruct=args.instruct,
+                                   source_audio=args.source_audio, speed=args.speed, stream=args.stream,
+                                   seed=args.seed)
+        with Runtime(vram=args.vram, ram=args.ram) as rt:
+            name = rt.load(args.model, engine=args.engine, **load_options(args))
+            engine = rt.info(name).engine
+            seconds, rate, count = write_wav(args.output, rt.synthesize(name, request))
+        print(f"wrote {args.output}: {seconds:.2f} s at {rate} Hz in {count} chunk(s) ({engine} engine)")
+        return 0
+    return run
+
+
+def write_wav(path: str | Path, chunks: Iterable) -> tuple[float, int, int]:
+    """Collect audio chunks and write them as a float WAV, atomically; returns (seconds, rate, chunks)."""
+    import torch
+
+    from mizuoto.nn.dsp.wav import write_wav as write
+
+    pieces = [(c.samples.detach().cpu(), c.sample_rate) for c in chunks]
+    if not pieces:
+        raise MizuotoError("the engine produced no audio")
+    audio, rate = torch.cat([p for p, _ in pieces]), pieces[0][1]
+    write(path, audio, rate, subtype="FLOAT")
+    return audio.numel() / rate, rate, len(pieces)
+
+
+@command("serve", "run the HTTP server (OpenAI-style /v1/audio/speech; needs mizuoto[server])")
+def _serve_setup(p: argparse.ArgumentParser) -> Callable:
+    from mizuoto.cli.serve import add_serve_arguments, run_serve
+
+    add_serve_arguments(p)
+    return run_serve
+
+
+@command("bench", "time each stage of a model on a fixed request (LM, flow, vocoder; --random builds one)")
+def _bench_setup(p: argparse.ArgumentParser) -> Callable:
+    from mizuoto.cli.bench import configure
+
+    return configure(p)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every registered subcommand."""
+    debug = argparse.ArgumentParser(add_help=False)
+    # SUPPRESS: a subparser's default must not overwrite --debug given before the subcommand.
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+    parser = argparse.ArgumentParser(prog="mizuoto", parents=[debug],
+                                     description="Mizuoto speech runtime")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (help, setup) in COMMANDS.items():
+        p = sub.add_parser(name, parents=[debug], help=help, description=help)
+        p.set_defaults(run=setup(p))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the console script."""
+    args = build_parser().parse_args(argv)
+    debug = getattr(args, "debug", False)
+    try:
+        return args.run(args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:
+        if debug:
+            raise
+        kind = "error" if isinstance(e, MizuotoError) else f"internal error ({type(e).__name__})"
+        hint = "" if isinstance(e, MizuotoError) else " (run with --debug for the traceback)"
+        print(f"mizuoto: {kind}: {' '.join(str(e).split())}{hint}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""`mizuoto serve`: the HTTP server as a subcommand. Every flag can also be set by a MIZUOTO_* variable.
+
+Importing this module needs only the standard library; Starlette and uvicorn are imported when
+the server starts, with a clear error when the `server` extra is not installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+HELP = "run the HTTP server (OpenAI-style /v1/audio/speech; needs mizuoto[server])"
+
+
+def _env(name: str, default: object = None) -> object:
+    return os.environ.get(f"MIZUOTO_{name}", default)
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    """The serve flags, with defaults from the environment."""
+    p.add_argument("--host", default=_env("HOST", "127.0.0.1"), help="address to listen on [MIZUOTO_HOST]")
+    p.add_argument("--port", type=int, default=int(_env("PORT", 8000)), help="port [MIZUOTO_PORT]")
+    models = [m for m in str(_env("MODELS", "")).split(os.pathsep) if m]
+    p.add_argument("-m", "--model", action="append", default=models, metavar="[NAME=]DIR",
+                   help="model directory to serve, loaded at start (repeatable) [MIZUOTO_MODELS, ':'-separated]")
+    roots = [m for m in str(_env("MODEL_ROOTS", "")).split(os.pathsep) if m]
+    p.add_argument("--model-root", action="append", default=roots, metavar="DIR",
+                   help="folder whose model directories POST /v1/models/load may load [MIZUOTO_MODEL_ROOTS]")
+    p.add_argument("--vram", default=_env("VRAM"), help="device memory budget, e.g. 6GiB [MIZUOTO_VRAM]")
+    p.add_argument("--ram", default=_env("RAM"), help="host memory budget, e.g. 16GiB [MIZUOTO_RAM]")
+    p.add_argument("--device", default=_env("DEVICE"), help="cpu, cuda, cuda:1 (default auto) [MIZUOTO_DEVICE]")
+    p.add_argument("--precision", default=_env("PRECISION"), help="fp32 or fp16 [MIZUOTO_PRECISION]")
+    p.add_argument("--max-concurrent", type=int, default=int(_env("MAX_CONCURRENT", 4)),
+                   help="synthesis jobs at once; more get 503 + Retry-After [MIZUOTO_MAX_CONCURRENT]")
+    p.add_argument("--request-timeout", type=float, default=float(_env("REQUEST_TIMEOUT", 300)),
+                   help="seconds a request may run before it is cancelled (0: none) [MIZUOTO_REQUEST_TIMEOUT]")
+    p.add_argument("--max-input-chars", type=int, default=int(_env("MAX_INPUT_CHARS", 4096)),
+                   help="longest input text [MIZUOTO_MAX_INPUT_CHARS]")
+    p.add_argument("--shutdown-timeout", type=float, default=float(_env("SHUTDOWN_TIMEOUT", 10)),
+                   help="seconds in-flight requests get to finish on shutdown [MIZUOTO_SHUTDOWN_TIMEOUT]")
+    p.add_argument("--log-level", default=_env("LOG_LEVEL", "info"), help="uvicorn log level [MIZUOTO_LOG_LEVEL]")
+
+
+def add_serve_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add `serve` to an argparse subparsers object; the parser's `run` default is run_serve."""
+    p = subparsers.add_parser("serve", help=HELP, description=HELP)
+    add_serve_arguments(p)
+    p.set_defaults(run=run_serve)
+    return p
+
+
+def _models(specs: list[str]) -> dict[str, Path]:
+    from mizuoto.errors import InvalidRequest
+
+    out: dict[str, Path] = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep:
+            name, path = Path(spec).resolve().name, spec
+        if not Path(path).is_dir():
+            raise InvalidRequest(f"-m {spec}: model directory not found: {path}")
+        if name in out:
+            raise InvalidRequest(f"-m {spec}: model name {name!r} is given twice; use NAME=DIR")
+        out[name] = Path(path)
+    return out
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Serve until SIGINT/SIGTERM, then shut down gracefully."""
+    from mizuoto.errors import InvalidRequest, MizuotoError
+
+    try:
+        import uvicorn  # noqa: F401
+        import starlette  # noqa: F401
+    except ImportError:
+        raise MizuotoError("mizuoto serve needs the server extra: pip install 'mizuoto[server]'") from None
+    from mizuoto.runtime.api import Runtime
+    from mizuoto.server.app import create_app
+    from mizuoto.server.launch import config
+    from mizuoto.server.state import ServerConfig
+
+    if args.max_concurrent < 1:
+        raise InvalidRequest(f"--max-concurrent must be at least 1, got {args.max_concurrent}")
+    options = {k: getattr(args, k) for k in ("device", "precision") if getattr(args, k)}
+    server_config = ServerConfig(max_concurrent=args.max_concurrent,
+                                 request_timeout=args.request_timeout or None,
+                                 max_input_chars=args.max_input_chars, load_options=options,
+                                 model_roots=tuple(Path(r) for r in args.model_root))
+    runtime = Runtime(vram=args.vram, ram=args.ram)
+    app = create_app(runtime, server_config, _models(args.model))
+    import uvicorn
+
+    server = uvicorn.Server(config(app, args.host, args.port, args.shutdown_timeout, args.log_level))
+    if threading.current_thread() is threading.main_thread():
+        # uvicorn re-raises the signal it stopped on once it is done; after a graceful stop that
+        # signal should end the process normally (exit 0), not kill it.
+        signal.signal(signal.SIGTERM, lambda *_: None)
+    server.run()
+    return 0 if server.started else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m mizuoto.cli.serve serve ...` (the same as `mizuoto serve ...`)."""
+    from mizuoto.errors import MizuotoError
+
+    parser = argparse.ArgumentParser(prog="mizuoto")
+    add_serve_command(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except MizuotoError as e:
+        print(f"mizuoto: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

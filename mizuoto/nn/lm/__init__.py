@@ -1,0 +1,6 @@
+"""Decoder LMs with transformers-exact numerics and static/dynamic KV caches."""
+
+from mizuoto.nn.lm.kv_cache import DynamicKVCache, KVCache, StaticKVCache
+from mizuoto.nn.lm.qwen import QwenConfig, QwenDecoder
+
+__all__ = ["DynamicKVCache", "KVCache", "StaticKVCache", "QwenConfig", "QwenDecoder"]

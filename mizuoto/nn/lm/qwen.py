@@ -1,0 +1,265 @@
+"""Qwen2 decoder computing what transformers 4.51's Qwen2ForCausalLM computes on its SDPA path.
+
+Numerics follow transformers 4.51.3 exactly, because sampled tokens depend on the last bit:
+- RoPE: inv_freq in float32 from int64 arange; angles by a float32 matmul of inv_freq and the
+  positions; cos/sin of the concatenated angles, cast to the activations' dtype.
+- RMSNorm: variance in float32, then `weight * normed.to(input_dtype)`.
+- Attention: KV heads always repeated (`repeat_kv`), q/k/v made contiguous, SDPA with
+  scale head_dim**-0.5; no mask and `is_causal=True` on a prefill of an empty cache, no mask
+  and `is_causal=False` for a single-token step, and transformers' additive float mask
+  (finfo.min above the diagonal) when several positions follow a non-empty cache.
+- Parameter names mirror `Qwen2Model` (embed_tokens, layers.N.self_attn.q_proj, ..., norm);
+  the output head is tied to embed_tokens when the config says so.
+
+A layer is split around the attention call (`layer_pre`: norm, projections, RoPE; the cache
+write; `attend`; `layer_post`: output projection, residuals, MLP) so that a single-token step
+with a static cache can be captured as CUDA graphs on both sides of the one call whose length
+varies.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mizuoto.errors import ModelLoadError
+from mizuoto.nn.lm.kv_cache import DynamicKVCache, KVCache, StaticKVCache
+
+
+@dataclass(frozen=True)
+class QwenConfig:
+    """The sizes of a Qwen2 decoder, as its config.json states them."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    tie_word_embeddings: bool = False
+    head_dim: int = 0  # 0: hidden_size // num_attention_heads, as transformers derives it
+
+    def __post_init__(self) -> None:
+        if self.head_dim == 0:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+
+    @classmethod
+    def from_dict(cls, cfg: dict, where: str = "config") -> "QwenConfig":
+        """Read a transformers config dict; refuse features this decoder does not implement."""
+        if cfg.get("model_type", "qwen2") != "qwen2":
+            raise ModelLoadError(f"{where}: model_type {cfg.get('model_type')!r} is not qwen2")
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise ModelLoadError(f"{where}: hidden_act {cfg['hidden_act']!r} is not supported (only silu)")
+        if cfg.get("rope_scaling"):
+            raise ModelLoadError(f"{where}: rope_scaling is not supported")
+        if cfg.get("use_sliding_window", False):
+            raise ModelLoadError(f"{where}: use_sliding_window is not supported")
+        try:
+            return cls(
+                hidden_size=int(cfg["hidden_size"]),
+                intermediate_size=int(cfg["intermediate_size"]),
+                num_hidden_layers=int(cfg["num_hidden_layers"]),
+                num_attention_heads=int(cfg["num_attention_heads"]),
+                num_key_value_heads=int(cfg.get("num_key_value_heads", cfg["num_attention_heads"])),
+                vocab_size=int(cfg["vocab_size"]),
+                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+                rope_theta=float(cfg.get("rope_theta", 10000.0)),
+                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                head_dim=int(cfg.get("head_dim") or 0),
+            )
+        except KeyError as exc:
+            raise ModelLoadError(f"{where}: missing {exc.args[0]!r}") from None
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "QwenConfig":
+        """Read a model directory's config.json."""
+        path = Path(path)
+        try:
+            cfg = json.loads(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ModelLoadError(f"cannot read {path}: {exc.strerror}") from None
+        except json.JSONDecodeError as exc:
+            raise ModelLoadError(f"{path} is not valid JSON: {exc}") from None
+        return cls.from_dict(cfg, str(path))
+
+    def kv_bytes_per_position(self, dtype_bytes: int = 4, repeated: bool = True) -> int:
+        """K and V bytes of one position over all layers (`repeated`: at the query-head width)."""
+        heads = self.num_attention_heads if repeated else self.num_key_value_heads
+        return self.num_hidden_layers * 2 * heads * self.head_dim * dtype_bytes
+
+
+class RMSNorm(nn.Module):
+    """Qwen2RMSNorm: variance in float32, weight applied after casting back."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.to(torch.float32)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class QwenMLP(nn.Module):
+    """SiLU-gated feed-forward, no biases."""
+
+    def __init__(self, hidden: int, inner: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inner, bias=False)
+        self.up_proj = nn.Linear(hidden, inner, bias=False)
+        self.down_proj = nn.Linear(inner, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """(B, Hkv, L, D) -> (B, Hkv * n_rep, L, D), each KV head repeated for its query group."""
+    if n_rep == 1:
+        return x
+    b, h, n, d = x.shape
+    return x[:, :, None].expand(b, h, n_rep, n, d).reshape(b, h * n_rep, n, d)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_rep: int, scale: float,
+           mask: torch.Tensor | None) -> torch.Tensor:
+    """transformers 4.51 `sdpa_attention_forward` (sdpa_gqa=False): returns (B, T, H, D)."""
+    k = repeat_kv(k, n_rep).contiguous()
+    v = repeat_kv(v, n_rep).contiguous()
+    q = q.contiguous()
+    causal = q.shape[2] > 1 and mask is None
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0, scale=scale,
+                                         is_causal=causal)
+    return out.transpose(1, 2).contiguous()
+
+
+class QwenAttention(nn.Module):
+    """Projections of one attention block; the attention call itself is `attend`."""
+
+    def __init__(self, cfg: QwenConfig) -> None:
+        super().__init__()
+        d, h, kv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = d
+        self.q_proj = nn.Linear(cfg.hidden_size, h * d, bias=True)
+        self.k_proj = nn.Linear(cfg.hidden_size, kv * d, bias=True)
+        self.v_proj = nn.Linear(cfg.hidden_size, kv * d, bias=True)
+        self.o_proj = nn.Linear(h * d, cfg.hidden_size, bias=False)
+
+    def project(self, x: torch.Tensor, cos: torch.Tensor,
+                sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k (rotated) and v as (B, heads, T, D)."""
+        shape = (*x.shape[:-1], -1, self.head_dim)
+        q = self.q_proj(x).view(shape).transpose(1, 2)
+        k = self.k_proj(x).view(shape).transpose(1, 2)
+        v = self.v_proj(x).view(shape).transpose(1, 2)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        q = (q * cos) + (_rotate_half(q) * sin)
+        k = (k * cos) + (_rotate_half(k) * sin)
+        return q, k, v
+
+
+class QwenLayer(nn.Module):
+    """One pre-norm decoder layer."""
+
+    def __init__(self, cfg: QwenConfig) -> None:
+        super().__init__()
+        self.self_attn = QwenAttention(cfg)
+        self.mlp = QwenMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class QwenDecoder(nn.Module):
+    """Qwen2Model (+ the tied output head): embeddings, layers, final norm."""
+
+    def __init__(self, cfg: QwenConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(QwenLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.n_rep = cfg.num_attention_heads // cfg.num_key_value_heads
+        self.scale = cfg.head_dim ** -0.5
+        steps = torch.arange(0, cfg.head_dim, 2, dtype=torch.int64).to(dtype=torch.float)
+        self.register_buffer("inv_freq", 1.0 / (cfg.rope_theta ** (steps / cfg.head_dim)), persistent=False)
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (B, T, D) for positions (B, T), in transformers' order of float32 ops."""
+        inv = self.inv_freq[None, :, None].float().expand(positions.shape[0], -1, 1)
+        device_type = "cpu" if positions.device.type == "mps" else positions.device.type
+        with torch.autocast(device_type=device_type, enabled=False):
+            angles = (inv.float() @ positions[:, None, :].float()).transpose(1, 2)
+            emb = torch.cat((angles, angles), dim=-1)
+            cos, sin = emb.cos(), emb.sin()  # transformers multiplies by attention_scaling = 1.0
+        return cos.to(dtype), sin.to(dtype)
+
+    def new_cache(self, kind: str = "dynamic", max_len: int = 0) -> KVCache:
+        """A "dynamic" cache, or a "static" one preallocated for max_len positions."""
+        if kind == "dynamic":
+            return DynamicKVCache()
+        if kind == "static":
+            if max_len <= 0:
+                raise ValueError("a static KV cache needs max_len > 0")
+            return StaticKVCache(self.config.num_hidden_layers, self.config.num_key_value_heads,
+                                 self.config.head_dim, max_len)
+        raise ValueError(f"unknown KV cache kind {kind!r} (dynamic or static)")
+
+    def _mask(self, t: int, past: int, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+        # transformers drops the mask (relying on is_causal / no mask) for a single position or a
+        # prefill of an empty cache; otherwise it builds this additive mask. (Its sliding-window
+        # term only matters past `sliding_window` = 32768 positions, beyond any CosyVoice cap.)
+        if t == 1 or past == 0:
+            return None
+        total = past + t
+        mask = torch.full((t, total), torch.finfo(dtype).min, dtype=dtype, device=positions.device)
+        mask *= torch.arange(total, device=positions.device) > positions.reshape(-1, 1)
+        return mask[None, None]
+
+    def layer_pre(self, i: int, x: torch.Tensor, cos: torch.Tensor,
+                  sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Layer i up to the attention call: q, k, v (B, heads, T, D) from its input x."""
+        layer = self.layers[i]
+        return layer.self_attn.project(layer.input_layernorm(x), cos, sin)
+
+    def layer_post(self, i: int, residual: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """Layer i after the attention call: its output from its input and attention (B, T, H, D)."""
+        layer = self.layers[i]
+        x = residual + layer.self_attn.o_proj(attn.reshape(*residual.shape[:-1], -1).contiguous())
+        return x + layer.mlp(layer.post_attention_layernorm(x))
+
+    def forward(self, inputs_embeds: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Run (B, T, hidden) embeddings after the cache's positions; return the normed hidden states."""
+        t, past = inputs_embeds.shape[1], cache.length
+        positions = torch.arange(past, past + t, device=inputs_embeds.device)
+        cos, sin = self.rope(positions.unsqueeze(0), inputs_embeds.dtype)
+        mask = self._mask(t, past, positions, inputs_embeds.dtype)
+        x = inputs_embeds
+        for i in range(len(self.layers)):
+            q, k, v = self.layer_pre(i, x, cos, sin)
+            k, v = cache.update(i, k, v, positions)
+            x = self.layer_post(i, x, attend(q, k, v, self.n_rep, self.scale, mask))
+        cache.advance(t)
+        return self.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The output head (tied to embed_tokens unless the config unties it)."""
+        if self.lm_head is not None:
+            return self.lm_head(hidden)
+        return F.linear(hidden, self.embed_tokens.weight)
+

@@ -1,0 +1,48 @@
+"""The server's error type: an HTTP status, a one-line message and the request field it is about."""
+
+from __future__ import annotations
+
+from mizuoto.errors import AudioError, InvalidRequest, MemoryBudgetError, MizuotoError, ModelLoadError
+
+_TYPES = {400: "invalid_request_error", 404: "not_found_error", 409: "conflict_error", 413: "invalid_request_error",
+          429: "rate_limit_error", 503: "overloaded_error", 504: "timeout_error", 507: "insufficient_memory_error"}
+
+
+class ApiError(Exception):
+    """A failure that becomes an HTTP error response with a JSON body."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = " ".join(str(message).split())
+        self.param = param
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        """OpenAI-style error body: {"error": {"message", "type", "param", "code"}}."""
+        return {"error": {"message": self.message, "type": _TYPES.get(self.status, "server_error"),
+                          "param": self.param, "code": self.status}}
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    """True for allocation failures of the host or an accelerator."""
+    import torch
+
+    oom = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", ())
+    return isinstance(e, (MemoryError, MemoryBudgetError)) or (bool(oom) and isinstance(e, oom)) \
+        or "out of memory" in str(e).lower()
+
+
+def from_exception(e: BaseException, param: str | None = None) -> ApiError:
+    """Map a runtime exception to the HTTP error a client should see."""
+    if isinstance(e, ApiError):
+        return e
+    if is_out_of_memory(e):
+        return ApiError(507, f"out of memory: {e}" if str(e) else "out of memory while running the request")
+    if isinstance(e, (InvalidRequest, AudioError)):
+        return ApiError(400, str(e), param)
+    if isinstance(e, ModelLoadError):
+        return ApiError(400, str(e), param or "model")
+    if isinstance(e, MizuotoError):
+        return ApiError(500, str(e))
+    return ApiError(500, f"internal error ({type(e).__name__}); see the server log")

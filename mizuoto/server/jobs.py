@@ -1,0 +1,128 @@
+"""Synthesis jobs: each runs in its own worker thread and hands chunks to the event loop.
+
+The runtime's iterators are synchronous and may block (a model runs one request at a time), so
+a job owns one thread from the first call to the iterator's close. The consumer pulls chunks
+with a deadline; cancelling (client gone, deadline passed, server stopping) makes the worker
+stop at the next chunk boundary and close the iterator in its own thread, which releases the
+model and whatever the engine held for the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from mizuoto.server.errors import ApiError
+
+_END = object()
+QUEUE_CHUNKS = 8  # chunks a worker may run ahead of a slow client
+
+
+class Cancelled(Exception):
+    """Raised inside a worker (e.g. by a streamed-text iterator) when its job was cancelled."""
+
+
+class Limiter:
+    """At most `limit` jobs at once; over that a request is refused (503), never queued."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.active = 0
+        self._lock = threading.Lock()
+
+    def try_acquire(self) -> bool:
+        """Take a slot if one is free."""
+        with self._lock:
+            if self.active >= self.limit:
+                return False
+            self.active += 1
+            return True
+
+    def release(self) -> None:
+        """Give a slot back."""
+        with self._lock:
+            self.active -= 1
+
+
+class Job:
+    """One synthesis running in a worker thread; iterate it from the event loop with `next()`."""
+
+    def __init__(self, start: Callable[[], Iterator[Any]], limiter: Limiter, deadline: float | None,
+                 on_finish: Callable[[Job], None] | None = None):
+        self.cancelled = threading.Event()
+        self.started = time.monotonic()
+        self.deadline = None if deadline is None else self.started + deadline
+        self.finished = threading.Event()
+        self._start = start
+        self._limiter = limiter
+        self._on_finish = on_finish
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._space = threading.Semaphore(QUEUE_CHUNKS)
+        self._thread = threading.Thread(target=self._work, name="mizuoto-job", daemon=True)
+
+    def run(self) -> Job:
+        """Start the worker (the limiter slot, already taken, is released when it ends)."""
+        self._thread.start()
+        return self
+
+    def _put(self, item: Any) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            self.cancelled.set()
+
+    def _work(self) -> None:
+        iterator = None
+        try:
+            iterator = self._start()
+            for chunk in iterator:
+                while not self._space.acquire(timeout=0.1):
+                    if self.cancelled.is_set():
+                        break
+                if self.cancelled.is_set():
+                    break
+                self._put(chunk)
+            self._put(_END)
+        except BaseException as e:  # reported to the consumer, who turns it into a response
+            self._put(Cancelled() if self.cancelled.is_set() else e)
+        finally:
+            try:
+                if iterator is not None and hasattr(iterator, "close"):
+                    iterator.close()
+            finally:
+                iterator = None
+                self._limiter.release()
+                self.finished.set()
+                if self._on_finish is not None:
+                    self._on_finish(self)
+
+    def cancel(self) -> None:
+        """Ask the worker to stop at the next chunk."""
+        self.cancelled.set()
+
+    def remaining(self) -> float | None:
+        """Seconds left before the deadline (None: no deadline)."""
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
+    async def next(self) -> Any:
+        """The next chunk, or None at the end; the worker's error is raised here; the deadline gives 504."""
+        try:
+            item = await asyncio.wait_for(self._queue.get(), self.remaining())
+        except asyncio.TimeoutError:
+            self.cancel()
+            raise ApiError(504, "the request ran past its deadline and was cancelled") from None
+        if item is _END:
+            return None
+        if isinstance(item, BaseException):
+            raise item
+        self._space.release()
+        return item
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the worker thread to end; True if it did."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()

@@ -1,0 +1,233 @@
+"""POST /v1/audio/speech: whole files, chunked audio streams and SSE, each run as a Job."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Iterable, Iterator
+from typing import Any
+
+import torch
+
+from mizuoto.runtime.engine import AudioChunk, Reference, SynthesisRequest
+from mizuoto.server.audio import MEDIA_TYPES, decode_base64, decode_reference, encode, pcm16, wav_header
+from mizuoto.server.errors import ApiError, from_exception
+from mizuoto.server.jobs import Cancelled, Job
+from mizuoto.server.state import ServerState
+from mizuoto.server.validation import SpeechParams, field_of
+
+log = logging.getLogger("mizuoto.server")
+
+
+class ClientGone(Exception):
+    """The client disconnected; its job was cancelled."""
+
+
+def inline_reference(state: ServerState, p: SpeechParams) -> Reference | None:
+    """The reference given in `ref_audio` (an uploaded voice id or base64 audio), checked now."""
+    if p.ref_audio is None:
+        return None
+    if p.ref_audio in state.voices:
+        stored = state.voices[p.ref_audio]
+        return Reference((stored.samples, stored.rate), p.ref_text or stored.text)
+    samples, rate = decode_reference(decode_base64(p.ref_audio, "ref_audio"), "ref_audio")
+    return Reference((samples, rate), p.ref_text)
+
+
+def build_request(state: ServerState, p: SpeechParams, reference: Reference | None, stream: bool,
+                  text: str | Iterable[str] | None = None) -> SynthesisRequest:
+    """The SynthesisRequest for a checked body; runs in the worker (the model may load first)."""
+    state.ensure_loaded(p.model)
+    model = state.runtime.model(p.model)
+    ids = [v.id for v in state.runtime.voices(p.model)]
+    if reference is not None:
+        voice: Any = reference
+    elif p.voice is not None and p.voice in ids:
+        voice = p.voice
+    elif p.voice is not None and p.voice in state.voices:
+        voice = state.voices[p.voice].reference()
+    elif p.voice is not None:
+        raise ApiError(400, f"unknown voice {p.voice!r}; model {p.model} has: {', '.join(ids) or 'none'};"
+                            f" uploaded voices: {', '.join(state.voices) or 'none'}", "voice")
+    else:
+        presets = [v.id for v in state.runtime.voices(p.model) if v.kind == "preset"]
+        if not presets:
+            raise ApiError(400, f"field 'voice' is required: model {p.model} has no preset voice"
+                                " (or give ref_audio to clone a voice)", "voice")
+        voice = presets[0]
+    caps = model.capabilities
+    if isinstance(voice, Reference) and not caps.modes & {"clone", "cross_lingual", "instruct", "vc"}:
+        raise ApiError(400, f"model {p.model} does not support mode 'clone' (voices from reference audio);"
+                            f" it supports: {', '.join(sorted(caps.modes))}", "ref_audio" if reference else "voice")
+    try:
+        return SynthesisRequest(text=p.input if text is None else text, voice=voice, instruct=p.instructions,
+                                speed=p.speed, stream=stream and caps.stream_out, seed=p.seed)
+    except Exception as e:
+        raise from_exception(e, field_of(str(e))) from None
+
+
+def start_job(state: ServerState, p: SpeechParams, reference: Reference | None, stream: bool,
+              text: str | Iterable[str] | None = None) -> Job:
+    """Take a concurrency slot (or 503) and start the synthesis in a worker thread."""
+    if state.closing:
+        raise ApiError(503, "the server is shutting down", headers={"Retry-After": str(state.config.retry_after)})
+    if not state.limiter.try_acquire():
+        raise ApiError(503, f"the server is at its limit of {state.config.max_concurrent} concurrent requests;"
+                            " retry shortly", headers={"Retry-After": str(state.config.retry_after)})
+
+    def start() -> Iterator[AudioChunk]:
+        request = build_request(state, p, reference, stream, text)
+        try:
+            return state.runtime.synthesize(p.model, request)
+        except Exception as e:
+            raise from_exception(e, field_of(str(e))) from None
+
+    loop = asyncio.get_running_loop()
+
+    def finished(job: Job) -> None:  # called in the worker thread; the set belongs to the event loop
+        try:
+            loop.call_soon_threadsafe(state.jobs.discard, job)
+        except RuntimeError:  # the loop is closed (server gone)
+            pass
+
+    job = Job(start, state.limiter, state.config.request_timeout, on_finish=finished)
+    state.jobs.add(job)
+    return job.run()
+
+
+async def _disconnected(request: Any) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+class Pull:
+    """Pulls a job's chunks while watching for the client leaving; records latency and RTF."""
+
+    def __init__(self, state: ServerState, job: Job, model: str, request: Any | None):
+        self.state, self.job, self.model = state, job, model
+        self.samples = 0
+        self.rate = 0
+        self.count = 0
+        self.ended = False  # the job finished or failed: nothing left to cancel
+        self._gone = asyncio.ensure_future(_disconnected(request)) if request is not None else None
+
+    async def next(self) -> AudioChunk | None:
+        """The next chunk (None at the end); ApiError for a failed job, ClientGone when the client left."""
+        get = asyncio.ensure_future(self.job.next())
+        waits = {get} if self._gone is None else {get, self._gone}
+        try:
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            get.cancel()
+            self.cancel()
+            raise
+        if get not in done:
+            get.cancel()
+            self.cancel()
+            raise ClientGone()
+        try:
+            chunk = get.result()
+        except Cancelled:
+            raise ClientGone() from None
+        except Exception as e:
+            self.ended = True
+            self.close()
+            error = from_exception(e, field_of(str(e)))
+            if error.status == 504:
+                self.state.metrics.cancel()
+            if error.status >= 500:
+                log.log(logging.ERROR if error.status == 500 else logging.WARNING, "request on %s failed: %s",
+                        self.model, e, exc_info=error.status == 500)
+            if error.status == 507 and torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            raise error from None
+        if chunk is None:
+            self.ended = True
+            self.close()
+            wall = time.monotonic() - self.job.started
+            if self.rate:
+                self.state.metrics.synthesis(self.model, wall, self.samples / self.rate)
+            return None
+        if self.count == 0:
+            self.state.metrics.first_chunk_latency(self.model, time.monotonic() - self.job.started)
+        self.count += 1
+        self.samples += chunk.samples.numel()
+        self.rate = chunk.sample_rate
+        return chunk
+
+    def cancel(self) -> None:
+        """Stop the job (client gone, shutdown) and the disconnect watch."""
+        if not self.ended and not self.job.finished.is_set() and not self.job.cancelled.is_set():
+            self.state.metrics.cancel()
+        self.job.cancel()
+        self.close()
+
+    def close(self) -> None:
+        """Stop watching for disconnect."""
+        if self._gone is not None:
+            self._gone.cancel()
+
+
+def headers(p: SpeechParams, rate: int) -> dict:
+    """Response headers that describe the audio."""
+    return {"X-Sample-Rate": str(rate), "X-Mizuoto-Model": p.model}
+
+
+async def whole(state: ServerState, p: SpeechParams, pull: Pull) -> tuple[bytes, int]:
+    """Every chunk, encoded as one file."""
+    chunks = []
+    while (chunk := await pull.next()) is not None:
+        chunks.append(chunk.samples.detach().cpu())
+    if not chunks:
+        raise ApiError(500, "the engine produced no audio")
+    audio = torch.cat(chunks)
+    return await asyncio.to_thread(encode, audio, pull.rate, p.response_format), pull.rate
+
+
+async def audio_stream(p: SpeechParams, pull: Pull, first: AudioChunk) -> AsyncIterator[bytes]:
+    """Chunked audio: a WAV header of unknown length (for wav), then PCM16 as produced."""
+    try:
+        if p.response_format == "wav":
+            yield wav_header(first.sample_rate)
+        chunk = first
+        while chunk is not None:
+            yield pcm16(chunk.samples)
+            chunk = await pull.next()
+    except ClientGone:
+        log.info("client left a stream on %s; its job is cancelled", p.model)
+    except ApiError as e:
+        log.warning("stream on %s ended early: %s", p.model, e.message)
+    finally:
+        pull.cancel()
+
+
+def sse(event: dict) -> bytes:
+    """One server-sent event."""
+    return f"data: {json.dumps(event, separators=(',', ':'))}\n\n".encode()
+
+
+async def sse_stream(p: SpeechParams, pull: Pull, first: AudioChunk) -> AsyncIterator[bytes]:
+    """SSE: speech.audio.delta events (base64 PCM16, or WAV for wav: the header rides on the first) then done."""
+    try:
+        chunk, prefix = first, wav_header(first.sample_rate) if p.response_format == "wav" else b""
+        while chunk is not None:
+            yield sse({"type": "speech.audio.delta", "audio": base64.b64encode(prefix + pcm16(chunk.samples)).decode()})
+            prefix = b""
+            chunk = await pull.next()
+        chars = len(p.input or "")
+        yield sse({"type": "speech.audio.done", "sample_rate": pull.rate, "seconds": pull.samples / max(pull.rate, 1),
+                   "usage": {"input_tokens": chars, "output_tokens": pull.count, "total_tokens": chars + pull.count}})
+    except ApiError as e:
+        yield sse({"type": "error", **e.body()})
+    except ClientGone:
+        pass
+    finally:
+        pull.cancel()
+
+
+def media_type(p: SpeechParams) -> str:
+    """Content type of the response."""
+    return "text/event-stream" if p.stream_format == "sse" else MEDIA_TYPES[p.response_format]

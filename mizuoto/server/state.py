@@ -1,0 +1,139 @@
+"""What one server holds: the Runtime, its catalogue of model directories, uploaded voices, limits, metrics."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mizuoto.runtime.engine import Reference
+from mizuoto.errors import MizuotoError
+from mizuoto.server.audio import available_formats
+from mizuoto.server.errors import ApiError
+from mizuoto.server.jobs import Job, Limiter
+from mizuoto.server.metrics import Metrics
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Limits and defaults of a server (each is a `mizuoto serve` flag)."""
+
+    max_concurrent: int = 4
+    request_timeout: float | None = 300.0  # seconds from arrival to the last chunk
+    max_input_chars: int = 4096
+    max_body_bytes: int = 32 << 20
+    retry_after: int = 1  # seconds, in the Retry-After header of a 503
+    max_voices: int = 64
+    load_options: dict = field(default_factory=dict)
+    model_roots: tuple[Path, ...] = ()  # directories whose model subfolders POST /v1/models/load may load
+    # glibc (see malloc.py): buffers this big get their own mappings, unmapped when freed; None leaves it as is
+    mmap_threshold: int | None = 1 << 20
+    malloc_arenas: int | None = 2  # glibc: at most this many heap arenas for all threads; None leaves it as is
+
+
+@dataclass(frozen=True)
+class StoredVoice:
+    """A voice registered with POST /v1/audio/voices: its reference audio and transcript."""
+
+    id: str
+    samples: torch.Tensor
+    rate: int
+    text: str | None
+
+    def reference(self) -> Reference:
+        """The voice as a Reference for a request."""
+        return Reference((self.samples, self.rate), self.text)
+
+
+class ServerState:
+    """Shared by every route; the Runtime does the work."""
+
+    def __init__(self, runtime: Any, config: ServerConfig, models: dict[str, Path] | None = None):
+        self.runtime = runtime
+        self.config = config
+        self.catalogue: dict[str, Path] = {k: Path(v) for k, v in (models or {}).items()}
+        self.voices: dict[str, StoredVoice] = {}
+        self.limiter = Limiter(config.max_concurrent)
+        self.metrics = Metrics()
+        self.jobs: set[Job] = set()
+        self.closing = False
+        self._load_lock = threading.Lock()
+        self.formats = available_formats()
+
+    # ---- models --------------------------------------------------------------------------------
+    def loaded(self) -> list[str]:
+        """Names of the models loaded now."""
+        for _ in range(3):
+            try:
+                return [m.name for m in self.runtime.models()]
+            except (RuntimeError, MizuotoError):  # a load or eviction in another thread changed the set
+                continue
+        return [m.name for m in self.runtime.models()]
+
+    def check_model(self, name: str) -> None:
+        """404 unless `name` is loaded or can be loaded from the catalogue."""
+        if name not in self.catalogue and name not in self.loaded():
+            known = sorted(set(self.catalogue) | set(self.loaded()))
+            raise ApiError(404, f"model {name!r} does not exist; available: {', '.join(known) or 'none'}", "model")
+
+    def ensure_loaded(self, name: str) -> None:
+        """Load a catalogue model that is not loaded (first use, or evicted to make room for another)."""
+        if name in self.loaded():
+            return
+        with self._load_lock:
+            if name in self.loaded():
+                return
+            self.check_model(name)
+            self.runtime.load(self.catalogue[name], name=name, **self.config.load_options)
+
+    def loadable(self, path: Path) -> bool:
+        """True for a catalogue directory or one inside a --model-root."""
+        path = path.resolve()
+        if path in {p.resolve() for p in self.catalogue.values()}:
+            return True
+        return any(root.resolve() in path.parents for root in self.config.model_roots)
+
+    def load(self, name: str, path: Path, engine: str | None = None) -> tuple[str, list[str]]:
+        """Load a model (replacing the catalogue entry of its name); returns (name, models evicted for it)."""
+        with self._load_lock:
+            before = set(self.loaded())
+            if name in before:
+                raise ApiError(409, f"model {name!r} is already loaded; unload it first", "model")
+            loaded = self.runtime.load(path, engine=engine, name=name, **self.config.load_options)
+            self.catalogue[loaded] = path
+            return loaded, sorted(before - set(self.loaded()))
+
+    def unload(self, name: str) -> None:
+        """Unload a loaded model (it stays in the catalogue and loads again on use)."""
+        if name not in self.loaded():
+            self.check_model(name)
+            raise ApiError(409, f"model {name!r} is not loaded", "model")
+        with self._load_lock:
+            self.runtime.unload(name)
+
+    # ---- memory --------------------------------------------------------------------------------
+    def memory_rows(self) -> list[tuple[str, str, str, int]]:
+        """(metric, device, model, bytes) rows for /metrics."""
+        rows, budgets = [], {}
+        for info in self.runtime.models():
+            try:
+                plan = self.runtime.plan(info.name)
+            except Exception:  # unloaded or evicted meanwhile
+                continue
+            budgets[info.device] = plan.budget
+            held = plan.peak if info.state == "device" else plan.fixed
+            rows.append(("memory_planned_bytes", info.device, info.name, held))
+        rows += [("memory_budget_bytes", d, "", b) for d, b in budgets.items()]
+        try:
+            import psutil
+
+            rows.append(("memory_used_bytes", "host", "", psutil.Process().memory_info().rss))
+        except Exception:
+            pass
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            for i in range(torch.cuda.device_count()):
+                rows.append(("memory_used_bytes", f"cuda:{i}", "", torch.cuda.memory_allocated(i)))
+        return rows

@@ -1,0 +1,104 @@
+"""Request bodies checked field by field before any work: each problem is a 400 naming its field."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+from mizuoto.runtime.engine import SPEED_RANGE
+from mizuoto.server.errors import ApiError
+
+STREAM_FORMATS = ("audio", "sse")
+SPEECH_FIELDS = ("model", "input", "voice", "instructions", "response_format", "speed", "stream_format",
+                 "ref_audio", "ref_text", "seed")
+
+
+def parse_json(body: bytes) -> dict:
+    """The JSON object of a request body."""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"request body is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, f"request body must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+def text_field(data: dict, name: str, required: bool = False, limit: int | None = None) -> str | None:
+    """A string field: absent (None unless required), non-empty and at most `limit` characters."""
+    value = data.get(name)
+    if value is None:
+        if required:
+            raise ApiError(400, f"field '{name}' is required", name)
+        return None
+    if not isinstance(value, str):
+        raise ApiError(400, f"field '{name}' must be a string, got {type(value).__name__}", name)
+    if not value.strip():
+        raise ApiError(400, f"field '{name}' is empty", name)
+    if limit is not None and len(value) > limit:
+        raise ApiError(400, f"field '{name}' has {len(value)} characters; the limit is {limit}", name)
+    return value
+
+
+@dataclass(frozen=True)
+class SpeechParams:
+    """A checked POST /v1/audio/speech body (or WebSocket session)."""
+
+    model: str
+    input: str | None
+    voice: str | None
+    instructions: str | None
+    response_format: str
+    speed: float
+    stream_format: str | None
+    ref_audio: str | None
+    ref_text: str | None
+    seed: int | None
+
+
+def parse_speech(data: dict, formats: tuple[str, ...], max_chars: int, need_input: bool = True,
+                 default_format: str = "wav") -> SpeechParams:
+    """Check every field of a speech request; unknown fields are refused so typos do not pass silently."""
+    unknown = sorted(set(data) - set(SPEECH_FIELDS) - {"type"})
+    if unknown:
+        raise ApiError(400, f"unknown field '{unknown[0]}'; known fields: {', '.join(SPEECH_FIELDS)}", unknown[0])
+    fmt = data.get("response_format", default_format)
+    if fmt not in formats:
+        raise ApiError(400, f"response_format {fmt!r} is not supported; use one of: {', '.join(formats)}",
+                       "response_format")
+    stream = data.get("stream_format")
+    if stream is not None and stream not in STREAM_FORMATS:
+        raise ApiError(400, f"stream_format must be 'audio' or 'sse', got {stream!r}", "stream_format")
+    if stream is not None and fmt not in ("wav", "pcm"):
+        raise ApiError(400, f"response_format {fmt!r} cannot be streamed; use wav or pcm", "response_format")
+    speed = data.get("speed", 1.0)
+    lo, hi = SPEED_RANGE
+    if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not math.isfinite(speed) \
+            or not lo <= speed <= hi:
+        raise ApiError(400, f"speed must be a number between {lo:g} and {hi:g}, got {speed!r}", "speed")
+    seed = data.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
+        raise ApiError(400, f"seed must be a non-negative integer, got {seed!r}", "seed")
+    return SpeechParams(
+        model=text_field(data, "model", required=True),
+        input=text_field(data, "input", required=need_input, limit=max_chars),
+        voice=text_field(data, "voice"),
+        instructions=text_field(data, "instructions", limit=max_chars),
+        response_format=fmt,
+        speed=float(speed),
+        stream_format=stream,
+        ref_audio=text_field(data, "ref_audio"),
+        ref_text=text_field(data, "ref_text", limit=max_chars),
+        seed=seed,
+    )
+
+
+def field_of(message: str) -> str | None:
+    """Best guess at the request field a runtime error message is about."""
+    lower = message.lower()
+    for key, param in (("voice", "voice"), ("instruct", "instructions"), ("speed", "speed"),
+                       ("reference", "ref_audio"), ("text", "input"), ("mode", "voice")):
+        if key in lower:
+            return param
+    return None

@@ -1,0 +1,148 @@
+"""WebSocket /v1/audio/speech/stream: text in as it arrives, audio out as it is produced.
+
+Protocol (JSON text frames from the client, audio as binary frames of PCM16 mono):
+  client: {"type": "session.start", "model": ..., "voice": ..., "speed": ..., ...}  (speech fields, no input)
+  server: {"type": "session.created", "model": ..., "sample_rate": ..., "format": "pcm16", "stream_in": bool}
+  client: {"type": "input_text.append", "text": "..."} any number of times
+  client: {"type": "input_text.done"}
+  server: binary audio frames, then {"type": "speech.audio.done", "seconds": ..., "chunks": ...}; closes.
+Errors: {"type": "error", "error": {...}} and the socket closes. A model that cannot take text
+in pieces (stream_in false) speaks once input_text.done arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+from collections.abc import Iterator
+
+from mizuoto.server.errors import ApiError, from_exception
+from mizuoto.server.jobs import Cancelled
+from mizuoto.server.speech import ClientGone, Pull, inline_reference, pcm16, start_job
+from mizuoto.server.state import ServerState
+from mizuoto.server.validation import parse_speech
+
+_DONE = object()
+
+
+class TextFeed:
+    """A blocking iterator of text pieces fed from the event loop; cancelling makes it raise."""
+
+    def __init__(self):
+        self._queue: queue.Queue = queue.Queue()
+        self.cancelled = False
+
+    def put(self, text: str) -> None:
+        self._queue.put(text)
+
+    def done(self) -> None:
+        self._queue.put(_DONE)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self._queue.put(_DONE)
+
+    def __iter__(self) -> Iterator[str]:
+        while True:
+            item = self._queue.get()
+            if self.cancelled:
+                raise Cancelled()
+            if item is _DONE:
+                return
+            yield item
+
+
+async def _message(ws) -> dict:
+    try:
+        data = json.loads(await ws.receive_text())
+    except ValueError as e:
+        raise ApiError(400, f"message is not valid JSON: {e}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("type"), str):
+        raise ApiError(400, "each message must be a JSON object with a 'type'", "type")
+    return data
+
+
+async def _read_text(ws, state: ServerState, into: TextFeed | list) -> None:
+    """Text messages until input_text.done, into a live feed (ended or cancelled here) or a list."""
+    chars = 0
+    try:
+        while True:
+            msg = await _message(ws)
+            if msg["type"] == "input_text.done":
+                break
+            if msg["type"] != "input_text.append":
+                raise ApiError(400, f"unknown message type {msg['type']!r}", "type")
+            text = msg.get("text")
+            if not isinstance(text, str):
+                raise ApiError(400, "input_text.append needs a string 'text'", "text")
+            chars += len(text)
+            if chars > state.config.max_input_chars:
+                raise ApiError(400, f"text exceeds {state.config.max_input_chars} characters", "text")
+            (into.put if isinstance(into, TextFeed) else into.append)(text)
+    except BaseException:
+        if isinstance(into, TextFeed):
+            into.cancel()
+        raise
+    if isinstance(into, TextFeed):
+        into.done()
+
+
+async def session(ws, state: ServerState) -> None:
+    """Run one WebSocket session."""
+    from starlette.websockets import WebSocketDisconnect
+
+    await ws.accept()
+    feed, pull = TextFeed(), None
+    try:
+        start = await _message(ws)
+        if start["type"] != "session.start":
+            raise ApiError(400, f"the first message must be session.start, got {start['type']!r}", "type")
+        p = parse_speech({k: v for k, v in start.items() if k != "type"}, ("pcm",), state.config.max_input_chars,
+                         need_input=False, default_format="pcm")
+        if p.input is not None:
+            raise ApiError(400, "send the text with input_text.append messages, not in session.start", "input")
+        state.check_model(p.model)
+        reference = inline_reference(state, p)
+        await asyncio.to_thread(state.ensure_loaded, p.model)
+        caps = state.runtime.model(p.model).capabilities
+        await ws.send_json({"type": "session.created", "model": p.model, "sample_rate": caps.sample_rate,
+                            "format": "pcm16", "stream_in": caps.stream_in})
+        total: list[str] = []
+        if caps.stream_in:
+            pull = Pull(state, start_job(state, p, reference, True, feed), p.model, None)
+            reader = asyncio.ensure_future(_read_text(ws, state, feed))
+            try:
+                while (chunk := await pull.next()) is not None:  # audio goes out while text still comes in
+                    await ws.send_bytes(pcm16(chunk.samples))
+            except ClientGone:  # the feed was cancelled: report why the reader stopped
+                if reader.done() and not reader.cancelled() and reader.exception() is not None:
+                    raise reader.exception() from None
+                raise
+            finally:
+                if not reader.done():
+                    reader.cancel()
+        else:
+            await _read_text(ws, state, total)
+            whole_text = "".join(total)
+            if not whole_text.strip():
+                raise ApiError(400, "no text was sent", "text")
+            pull = Pull(state, start_job(state, p, reference, True, whole_text), p.model, None)
+            while (chunk := await pull.next()) is not None:
+                await ws.send_bytes(pcm16(chunk.samples))
+        await ws.send_json({"type": "speech.audio.done", "seconds": pull.samples / max(pull.rate, 1),
+                            "chunks": pull.count})
+        await ws.close(1000)
+    except (WebSocketDisconnect, ClientGone):
+        pass
+    except Exception as e:  # reported to the client, then the socket closes
+        error = from_exception(e)
+        try:
+            await ws.send_json({"type": "error", **error.body()})
+            await ws.close(1008 if error.status < 500 else 1011)
+        except Exception:
+            pass
+    finally:
+        feed.cancel()
+        if pull is not None:
+            pull.cancel()

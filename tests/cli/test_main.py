@@ -1,0 +1,95 @@
+"""The `mizuoto` command: engines, models --plan, say; errors are one line with a non-zero exit."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import soundfile
+
+from mizuoto.cli.main import main
+
+MIZUOTO = str(Path(sys.executable).with_name("mizuoto"))
+
+
+def _run(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_engines_lists_plugins_and_failures(capsys):
+    code, out, err = _run(capsys, "engines")
+    assert code == 0 and err == ""
+    assert "tone         [toy] modes clone,cross_lingual,instruct,preset,vc; 16000 Hz; stream out" in out
+    assert "unavailable: broken-import: import failed: ImportError" in out
+    assert "unavailable: broken-hook: mizuoto_engines failed: RuntimeError: deliberately broken hook" in out
+
+
+def test_say_writes_wav(capsys, tone_dir, tmp_path):
+    out_wav = tmp_path / "out" / "a.wav"
+    code, out, err = _run(capsys, "say", "hello world", "-m", tone_dir, "-o", out_wav, "--voice", "low",
+                          "--seed", 1)
+    assert (code, err) == (0, "")
+    assert out.startswith(f"wrote {out_wav}: 0.60 s at 16000 Hz in 1 chunk(s) (tone engine)")
+    audio, rate = soundfile.read(out_wav, dtype="float32")
+    assert rate == 16000 and audio.shape == (9600,)
+    clone = tmp_path / "clone.wav"
+    code, out, err = _run(capsys, "say", "hi again", "-m", tone_dir, "-o", clone, "--ref-audio", out_wav,
+                          "--ref-text", "hello world", "--stream", "--seed", 2, "--option", "compute.kv_cache=static",
+                          "--precision", "fp32", "--device", "cpu")
+    assert code == 0 and "in 2 chunk(s)" in out
+    assert soundfile.info(clone).frames == 7 * 960
+    code, out, err = _run(capsys, "say", "--mode", "vc", "--source-audio", out_wav, "--voice", "high", "-m", tone_dir,
+                          "-o", tmp_path / "vc.wav")
+    assert code == 0, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["clone.wav", "out", "tone", "vc.wav"]  # no temp files
+
+
+@pytest.mark.parametrize("args,message", [
+    (["say", "", "--voice", "low"], "mizuoto: error: text is empty"),
+    (["say", "hi", "--voice", "nobody"], "mizuoto: error: unknown voice 'nobody'; this model has: high, low"),
+    (["say", "hi", "--voice", "low", "--option", "colour=red"], "mizuoto: error: unknown option 'colour'"),
+    (["say", "hi", "--voice", "low", "--option", "colour"], "mizuoto: error: --option takes KEY=VALUE"),
+    (["say", "hi", "--voice", "low", "--engine", "nope"], "mizuoto: error: unknown engine 'nope'"),
+    (["say", "hi", "--voice", "low", "--speed", "0"], "mizuoto: error: speed must be"),
+    (["say", "hi", "--ref-text", "x"], "mizuoto: error: --ref-text needs --ref-audio"),
+    (["say", "hi", "--ref-audio", "missing.wav"], "mizuoto: error: reference audio: audio file not found"),
+])
+def test_say_errors_are_one_line(capsys, tone_dir, tmp_path, args, message):
+    code, out, err = _run(capsys, *args, "-m", tone_dir, "-o", tmp_path / "x.wav")
+    assert code == 1 and out == ""
+    assert err.startswith(message) and err.count("\n") == 1
+    assert not (tmp_path / "x.wav").exists()
+
+
+def test_missing_model_dir_through_the_console_script(tmp_path):
+    r = subprocess.run([MIZUOTO, "say", "hi", "-m", tmp_path / "nowhere", "-o", tmp_path / "x.wav"],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr == f"mizuoto: error: model directory not found: {tmp_path / 'nowhere'}\n"
+    r = subprocess.run([MIZUOTO, "--debug", "say", "hi", "-m", tmp_path / "nowhere", "-o", tmp_path / "x.wav"],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "Traceback" in r.stderr and "ModelLoadError" in r.stderr
+
+
+def test_models_detect_and_plan(capsys, tone_dir, tmp_path):
+    code, out, err = _run(capsys, "models", tone_dir, tmp_path)
+    assert code == 0 and out == f"{tone_dir}: tone\n{tmp_path}: no engine recognises it\n"
+    code, out, err = _run(capsys, "models", "--plan", tone_dir, "--vram", "1GiB")
+    assert code == 0
+    assert out.splitlines()[0].startswith("model tone on cuda, non-streaming: resident, peak 2.94 MiB of 1.00 GiB")
+    assert "offloaded: none" in out
+    code, out, err = _run(capsys, "models", "--plan", tone_dir, tone_dir, "--vram", "5MiB", "--ram", "1GiB")
+    assert code == 0 and "admitting tone-2 offloads tone" in out and "offloaded: tone" in out
+    code, out, err = _run(capsys, "models", "--plan", tone_dir, "--vram", "2MiB", "--stream")
+    assert code == 1
+    assert "refused: model tone does not fit 2.00 MiB on cuda" in out and "streaming keeps notes+render together" in out
+
+
+def test_usage_errors_exit_2(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["say", "hi"])
+    assert e.value.code == 2
+    with pytest.raises(SystemExit):
+        main([])

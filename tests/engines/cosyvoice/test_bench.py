@@ -1,0 +1,115 @@
+"""`mizuoto bench` end to end with the CosyVoice driver, on the tiny fixture models (never full size here).
+
+The fixture model dirs are discovered; `--random` is exercised with an assets tree whose
+cosyvoice2.yaml and Qwen config.json are a fixture's, so the same code that writes the
+full-size model writes (and benches) a small one.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from mizuoto.engines.cosyvoice.bench import BLANK_EN, CosyVoiceBench, build_random_cosyvoice2
+from mizuoto.engines.cosyvoice.variants import find_variant
+from mizuoto.cli import main as cli
+from mizuoto.runtime.bench import BenchSettings
+from mizuoto.runtime.options import parse_options
+from mizuoto.testing.cosyvoice_cases import assemble_model_dir
+from mizuoto.testing.fixtures import asset_path, fixtures_root
+
+MODEL_DIRS = sorted(p for p in fixtures_root().glob("cosyvoice/*/model") if p.is_dir() and find_variant(p))
+QWEN_DIRS = [p for p in MODEL_DIRS if find_variant(p).version >= 2]
+V2_DIRS = [p for p in MODEL_DIRS if find_variant(p).version == 2]
+OLD_DIRS = [p for p in MODEL_DIRS if find_variant(p).version < 2]
+
+
+def test_model_dirs_were_found():
+    assert QWEN_DIRS and V2_DIRS
+
+
+def _bench_json(capsys, argv: list[str]) -> dict:
+    assert cli.main(["bench", *argv, "--device", "cpu", "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("model_dir", QWEN_DIRS, ids=[p.parent.name for p in QWEN_DIRS])
+def test_bench_a_model_dir(capsys, tmp_path, model_dir):
+    """`mizuoto bench -m DIR` on an assembled fixture dir: every stage timed, streaming included."""
+    dest = assemble_model_dir(model_dir, tmp_path / "model")
+    out = _bench_json(capsys, ["-m", str(dest), "--tokens", "6", "--stream"])
+    assert out["tokens"] == 6 and out["runs"] == 1 and out["model"].startswith(f"cosyvoice{find_variant(dest).version}")
+    assert out["audio_seconds"] > 0 and out["first_chunk_ms"] > 0 and out["lm_ms_per_token"] > 0
+    assert out["flow_ms_per_audio_second"] > 0 and out["vocoder_ms_per_audio_second"] > 0
+    assert out["lm_bytes_per_step"] > 0 and out["peak_memory_bytes"] > 0
+    assert out["options"]["device"] == "cpu"
+
+
+@pytest.mark.parametrize("model_dir", QWEN_DIRS, ids=[p.parent.name for p in QWEN_DIRS])
+def test_driver_generates_exactly_the_token_count(tmp_path, model_dir):
+    """Stop ids are suppressed: a run has exactly `tokens` speech tokens, whatever the weights."""
+    dest = assemble_model_dir(model_dir, tmp_path / "model")
+    options = parse_options({"device": "cpu", "compute.kv_cache": "static", "compute.cuda_graphs": True}).resolved()
+    driver = CosyVoiceBench(dest, options, BenchSettings(tokens=40, runs=1, warmup=0))
+    for n in (1, 17, 40):
+        tokens = driver.lm(n)
+        assert len(tokens) == n and all(0 <= t < driver.llm.speech_token_size for t in tokens)
+    assert driver.lm(17) == driver.lm(17)  # the same request every run
+    mel = driver.flow(driver.lm(9))
+    assert mel.dtype == torch.float32 and mel.shape[1] == driver.flow_module.output_size
+    assert driver.vocoder(mel).shape[-1] > 0
+    chunks = list(driver.stream(40))
+    assert len(chunks) >= 2  # 40 tokens stream in more than one chunk
+
+
+def _assets_from_fixture(model_dir: Path, root: Path) -> Path:
+    """An assets tree whose CosyVoice 2 yaml and Qwen config are the fixture's (the tokenizer is real)."""
+    (root / "cosyvoice" / "CosyVoice2-0.5B").mkdir(parents=True)
+    shutil.copy(model_dir / "cosyvoice2.yaml", root / "cosyvoice" / "CosyVoice2-0.5B" / "cosyvoice2.yaml")
+    blank = root / "cosyvoice" / BLANK_EN
+    shutil.copytree(asset_path("cosyvoice", BLANK_EN), blank)
+    blank.chmod(0o755)
+    (blank / "config.json").unlink()
+    shutil.copy(model_dir / BLANK_EN / "config.json", blank / "config.json")
+    return root
+
+
+def test_bench_random_builds_a_model_dir_from_the_assets(capsys, tmp_path):
+    """`--random cosyvoice2 --assets A --workdir W`: sizes from A's files, written once to W, benched."""
+    assets = _assets_from_fixture(V2_DIRS[0], tmp_path / "assets")
+    work = tmp_path / "work"
+    argv = ["--random", "cosyvoice2", "--assets", str(assets), "--workdir", str(work), "--tokens", "5"]
+    out = _bench_json(capsys, argv)
+    assert "random weights" in out["model"] and out["tokens"] == 5
+    made = work / "random-cosyvoice2"
+    assert {"cosyvoice2.yaml", "llm.pt", "flow.pt", "hift.pt"} <= {p.name for p in made.iterdir()}
+    # the written checkpoints are upstream's format: the engine's strict loaders took them
+    want = torch.load(V2_DIRS[0] / "llm.pt", map_location="cpu", weights_only=True)
+    got = torch.load(made / "llm.pt", map_location="cpu", weights_only=True)
+    assert {k: tuple(v.shape) for k, v in got.items()} == {k: tuple(v.shape) for k, v in want.items()}
+    stamp = (made / "llm.pt").stat().st_mtime_ns
+    _bench_json(capsys, argv)
+    assert (made / "llm.pt").stat().st_mtime_ns == stamp  # reused, not rewritten
+
+
+def test_random_needs_the_assets(tmp_path):
+    with pytest.raises(Exception, match="cosyvoice2.yaml"):
+        build_random_cosyvoice2(tmp_path / "m", assets=tmp_path)
+
+
+@pytest.mark.parametrize("model_dir", OLD_DIRS, ids=[p.parent.name for p in OLD_DIRS])
+def test_cosyvoice1_is_a_clear_error(capsys, tmp_path, model_dir):
+    dest = assemble_model_dir(model_dir, tmp_path / "model")
+    assert cli.main(["bench", "-m", str(dest), "--device", "cpu"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a CosyVoice 2/3 model" in err[0]
+
+
+def test_bench_is_a_registered_command():
+    assert "bench" in cli.COMMANDS
+    args = cli.build_parser().parse_args(["bench", "--random", "cosyvoice2", "--json"])
+    assert args.random == "cosyvoice2" and args.json

@@ -1,0 +1,239 @@
+"""Real servers on 127.0.0.1 (a random free port) over real Runtimes, and engines that misbehave on purpose."""
+
+from __future__ import annotations
+
+import gc
+import io
+import json
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import httpx
+import numpy as np
+import pytest
+import soundfile
+
+from mizuoto.runtime.api import Runtime
+from mizuoto.server.app import create_app
+from mizuoto.server.launch import ServerThread
+from mizuoto.server.state import ServerConfig
+from mizuoto.testing.cosyvoice_cases import assemble_model_dir
+from mizuoto.testing.fixtures import fixtures_root
+from mizuoto.testing.toy import CONFIG, ToneEngine, ToneModel, write_model
+
+# A transcript for the fixture clip: the clips are synthetic, and the random-weight models read any text.
+REF_TEXT = "This is the reference speaker."
+
+
+class SlowToneModel(ToneModel):
+    """A tone model that takes `delay` s per 4 notes, and fails as told by the text: 'OOM' or 'CRASH'."""
+
+    delay = 0.0
+
+    def synthesize(self, request):
+        text = request.text if isinstance(request.text, str) else ""
+        if "OOM" in text:
+            raise MemoryError("cannot allocate 64 GiB for the decoder")
+        if "CRASH" in text:
+            raise RuntimeError("engine bug")
+        from mizuoto.testing.toy import CHUNK_NOTES, NOTE_SECONDS
+
+        per_chunk = CHUNK_NOTES * int(NOTE_SECONDS * self.rate / request.speed)
+        for chunk in super().synthesize(request):
+            time.sleep(self.delay * chunk.samples.numel() / per_chunk)
+            yield chunk
+
+
+class SlowToneEngine(ToneEngine):
+    """The tone engine for model dirs whose config says engine "slow"; `delay` comes from the config."""
+
+    name = "slow"
+    description = "tone engine that takes its time (server tests)"
+
+    def detect(self, model_dir: Path) -> bool:
+        try:
+            return json.loads((Path(model_dir) / CONFIG).read_text()).get("engine") == "slow"
+        except (OSError, ValueError):
+            return False
+
+    def load(self, model_dir: Path, options) -> SlowToneModel:
+        base = super().load(model_dir, options)
+        model = SlowToneModel(base.config, base._m)
+        model.delay = float(base.config.get("delay", 0.0))
+        return model
+
+
+def write_slow_model(path: Path, delay: float, hidden: int = 16) -> Path:
+    """A 'slow' model directory."""
+    write_model(path, hidden=hidden)
+    config = json.loads((path / CONFIG).read_text())
+    config.update(engine="slow", delay=delay)
+    (path / CONFIG).write_text(json.dumps(config))
+    return path
+
+
+def make_runtime(**budgets) -> Runtime:
+    """A Runtime with the installed plugins, plus the tone engines (whether or not the toy plugin is installed)."""
+    rt = Runtime(**budgets)
+    if "tone" not in rt.registry.names():
+        rt.registry.add(ToneEngine)
+    rt.registry.add(SlowToneEngine)
+    return rt
+
+
+def start_server(models: dict, config: ServerConfig | None = None, **runtime) -> ServerThread:
+    """A started server; stop it with .stop()."""
+    return ServerThread(create_app(make_runtime(**runtime), config or ServerConfig(), models)).start()
+
+
+def cosyvoice2_fixture_dir() -> Path:
+    """The fixture model dir whose yaml is cosyvoice2.yaml (found by walking the tree)."""
+    found = [d for d in sorted((fixtures_root() / "cosyvoice").glob("*/model")) if (d / "cosyvoice2.yaml").is_file()]
+    assert found, f"no CosyVoice 2 model dir under {fixtures_root() / 'cosyvoice'}"
+    return found[0]
+
+
+def fixture_clip_base64() -> str:
+    """A fixture reference clip as base64 of its file: the shortest of at least 2 s (else the longest)."""
+    import base64
+
+    base = fixtures_root() / "frontend"
+    clips = json.loads((base / "manifest.json").read_text())["clips"].values()
+    by_length = sorted(clips, key=lambda c: c["num_samples"] / c["sample_rate"])
+    pick = next((c for c in by_length if c["num_samples"] >= 2 * c["sample_rate"]), by_length[-1])
+    return base64.b64encode((base / pick["wav"]).read_bytes()).decode()
+
+
+@pytest.fixture(scope="session")
+def served_dirs(tmp_path_factory) -> dict:
+    """The shared server's models: a tone model, a slow tone model, piper's default voice, a fixture CosyVoice 2."""
+    import mizuoto_piper
+
+    root = tmp_path_factory.mktemp("served")
+    return {"tone": write_model(root / "tone"), "slow": write_slow_model(root / "slow", 0.02),
+            "piper": mizuoto_piper.default_voice_dir(),
+            "cosy": assemble_model_dir(cosyvoice2_fixture_dir(), root / "cosy")}
+
+
+@pytest.fixture(scope="session")
+def cosy_expected(served_dirs):
+    """PCM16 bytes the CosyVoice engine itself gives, in this process, for a clone of the fixture clip.
+
+    Called as expected(text, seed, stream); text is a string, or a tuple of pieces streamed in.
+    Seeded CosyVoice requests are deterministic, so a server response must equal this byte for
+    byte, whatever else runs beside it.
+    """
+    import base64
+
+    from mizuoto.runtime.engine import Reference, SynthesisRequest
+    from mizuoto.server.audio import decode_reference, pcm16
+
+    samples, rate = decode_reference(base64.b64decode(fixture_clip_base64()), "ref_audio")
+    rt = Runtime()
+    name = rt.load(served_dirs["cosy"], name="cosy-direct")
+    cache: dict = {}
+
+    def expected(text: str | tuple, seed: int, stream: bool = False) -> bytes:
+        if (text, seed, stream) not in cache:
+            request = SynthesisRequest(text=text if isinstance(text, str) else iter(text),
+                                       voice=Reference((samples, rate), REF_TEXT), stream=stream, seed=seed)
+            cache[text, seed, stream] = b"".join(pcm16(c.samples) for c in rt.synthesize(name, request))
+        return cache[text, seed, stream]
+
+    yield expected
+    rt.close()
+
+
+@pytest.fixture(scope="session")
+def server(served_dirs):
+    """One server for the tests that do not change its models: max 8 concurrent, 60 s deadline."""
+    s = start_server(served_dirs, ServerConfig(max_concurrent=8, request_timeout=60.0))
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def client(server):
+    """An HTTP client of the shared server."""
+    with httpx.Client(base_url=server.url, timeout=60.0) as c:
+        yield c
+
+
+def read_audio(body: bytes) -> tuple[np.ndarray, int]:
+    """Samples and rate of an encoded response body."""
+    audio, rate = soundfile.read(io.BytesIO(body), dtype="float32")
+    return audio, rate
+
+
+def wav_base64(seconds: float = 2.0, rate: int = 16000, freq: float = 180.0) -> str:
+    """A voiced-sounding reference clip as base64 WAV."""
+    import base64
+
+    t = np.arange(int(seconds * rate)) / rate
+    wave = sum(np.sin(2 * np.pi * k * freq * t) / k for k in range(1, 5)) * 0.2
+    buf = io.BytesIO()
+    soundfile.write(buf, wave.astype(np.float32), rate, format="WAV", subtype="PCM_16")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def tone_seconds(text: str, speed: float = 1.0, rate: int = 16000) -> float:
+    """The exact duration the tone engine gives `text`."""
+    from mizuoto.testing.toy import NOTE_SECONDS
+
+    return sum(not c.isspace() for c in text) * int(NOTE_SECONDS * rate / speed) / rate
+
+
+def job_threads() -> int:
+    """Worker threads alive now."""
+    return sum(t.name == "mizuoto-job" for t in threading.enumerate())
+
+
+def wait_idle(client: httpx.Client, timeout: float = 10.0) -> None:
+    """Wait until no job runs (workers notice cancellation at their next chunk)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        text = client.get("/metrics").text
+        if "mizuoto_requests_in_flight 0" in text and job_threads() == 0:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"jobs still running after {timeout} s: {job_threads()} worker threads")
+
+
+def resident_bytes() -> int:
+    """Resident memory of this process after glibc returns its freed pages (so allocator caching is not growth)."""
+    import ctypes
+    import ctypes.util
+
+    import psutil
+
+    gc.collect()
+    libc = ctypes.util.find_library("c")
+    if libc:
+        try:
+            ctypes.CDLL(libc).malloc_trim(0)
+        except (OSError, AttributeError):  # not glibc
+            pass
+    return psutil.Process().memory_info().rss
+
+
+def planned_memory(client: httpx.Client) -> dict:
+    """mizuoto_memory_planned_bytes per model from /metrics."""
+    out = {}
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith("mizuoto_memory_planned_bytes{"):
+            labels, value = line.rsplit(" ", 1)
+            out[labels] = int(value)
+    return out
+
+
+@pytest.fixture(scope="session")
+def h() -> SimpleNamespace:
+    """The helpers above, for test modules (conftest is not importable under --import-mode=importlib)."""
+    return SimpleNamespace(read_audio=read_audio, wav_base64=wav_base64, tone_seconds=tone_seconds,
+                           clip_base64=fixture_clip_base64, ref_text=REF_TEXT,
+                           job_threads=job_threads, wait_idle=wait_idle, resident_bytes=resident_bytes,
+                           planned_memory=planned_memory,
+                           start_server=start_server, make_runtime=make_runtime, write_slow_model=write_slow_model,
+                           write_model=write_model)
