@@ -23,6 +23,7 @@ from mizuoto.nn.transformer.masks import make_pad_mask
 from mizuoto.nn.transformer.upsample import UpsampleConformerEncoder
 from mizuoto.nn.transformer.wenet import ConformerEncoder
 from mizuoto.errors import InvalidRequest, ModelLoadError
+from mizuoto.runtime.convert.checkpoint import load_checkpoint
 from mizuoto.runtime.hyperyaml import Tagged
 
 N_TIMESTEPS = 10  # upstream's flow.inference always asks the decoder for 10 Euler steps
@@ -303,32 +304,5 @@ def load_flow(model_dir: str | Path, config: dict) -> nn.Module:
 
 
 def load_flow_weights(module: nn.Module, path: str | Path) -> nn.Module:
-    """Load upstream's flow.pt into `module` strictly: every key present, nothing extra, same shapes."""
-    path = Path(path)
-    if not path.is_file():
-        raise ModelLoadError(f"flow weights not found: {path}")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # a truncated or foreign file fails in many ways inside torch.load
-        raise ModelLoadError(f"cannot read {path}: {type(exc).__name__}: {exc}") from None
-    if not isinstance(state, dict):
-        raise ModelLoadError(f"{path} does not hold a state dict")
-    expected = module.state_dict()
-    missing = [k for k in expected if k not in state]
-    unexpected = [k for k in state if k not in expected]
-    if missing or unexpected:
-        def names(keys: list[str]) -> str:
-            return ", ".join(keys[:5]) + (f" (+{len(keys) - 5} more)" if len(keys) > 5 else "")
-        parts = []
-        if missing:
-            parts.append(f"{len(missing)} missing key(s): {names(missing)}")
-        if unexpected:
-            parts.append(f"{len(unexpected)} unexpected key(s): {names(unexpected)}")
-        raise ModelLoadError(f"{path} does not match the yaml's flow: " + "; ".join(parts))
-    for key, tensor in expected.items():
-        if tuple(state[key].shape) != tuple(tensor.shape):
-            raise ModelLoadError(f"{path}: {key} has shape {tuple(state[key].shape)}, "
-                                 f"the yaml's flow needs {tuple(tensor.shape)}")
-    assert len(state) == len(expected)
-    module.load_state_dict(state, strict=True)
-    return module
+    """Load upstream's flow.pt into `module` strictly: the same key names, every key present, same shapes."""
+    return load_checkpoint(module, path, target="the yaml's flow")

@@ -8,7 +8,6 @@ directory that lacks, say, the ONNX files still serves the modes that do not nee
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 from collections.abc import Iterator
 from pathlib import Path
