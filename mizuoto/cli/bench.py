@@ -20,7 +20,7 @@ import torch
 
 from mizuoto.errors import InvalidRequest, MizuotoError
 from mizuoto.runtime.bench import CPU_DEFAULTS, BenchDriver, BenchSettings, benchmark, format_table
-from mizuoto.runtime.options import LoadOptions, parse_options
+from mizuoto.runtime.options import LoadOptions, load_options, parse_options
 
 
 # --- finding a driver --------------------------------------------------------------------------
@@ -46,21 +46,19 @@ def load_factory(spec: str) -> Callable[..., BenchDriver]:
 
 
 def find_factory(model_dir: Path | None, random: str | None) -> Callable[..., BenchDriver]:
-    """The registered engine that can bench `model_dir` (or build `random`), as a driver factory."""
+    """The registered engine that can bench `model_dir` (or build `random`): its `Engine.bench_driver`."""
     from mizuoto.runtime.plugins import Registry
 
     registry = Registry()
     offered = []
-    for name, cls in registry.load_all().items():
-        factory = getattr(cls, "bench_driver", None)
-        if factory is None:
+    engines = registry.load_all() if random is not None else \
+        {name: registry.engine_class(name) for name, _ in registry.detect(model_dir)}
+    for name, cls in engines.items():
+        if not cls.offers_bench():
             continue
-        kinds = tuple(getattr(cls, "bench_random", ()))
-        offered += [f"{k} ({name})" for k in kinds]
-        if random is not None and random in kinds:
-            return getattr(cls(), "bench_driver")
-        if random is None and model_dir is not None and cls().detect(model_dir):
-            return getattr(cls(), "bench_driver")
+        offered += [f"{k} ({name})" for k in cls.bench_random]
+        if random is None or random in cls.bench_random:
+            return cls().bench_driver
     if random is not None:
         raise InvalidRequest(f"bench: no engine builds a random {random!r} model; offered: "
                              f"{', '.join(offered) or 'none'} (or pass --driver FILE.py:NAME)")
@@ -106,8 +104,6 @@ def add_bench_command(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _options(args: argparse.Namespace) -> LoadOptions:
-    from mizuoto.cli.main import load_options  # the CLI's own reading of --option/--device/--precision
-
     return parse_options(load_options(args)).resolved()
 
 

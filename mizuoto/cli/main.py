@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from mizuoto.errors import InvalidRequest, MemoryBudgetError, MizuotoError
+from mizuoto.runtime.options import load_options
 
 # Subcommand name -> (help, setup(parser) -> run(args) -> exit code).
 COMMANDS: dict[str, tuple[str, Callable]] = {}
@@ -24,20 +25,6 @@ def command(name: str, help: str):
 def _budgets(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vram", help="device memory budget, e.g. 4GiB (default: what is free)")
     p.add_argument("--ram", help="host memory budget, e.g. 16GiB (default: what is available)")
-
-
-def load_options(args: argparse.Namespace) -> dict:
-    """Load options from --option KEY=VALUE, --device and --precision (unknown keys fail later, in parse_options)."""
-    options = {}
-    for item in args.option or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise InvalidRequest(f"--option takes KEY=VALUE, got {item!r}")
-        options[key.strip()] = value.strip()
-    for key in ("device", "precision"):
-        if getattr(args, key, None) is not None:
-            options[key] = getattr(args, key)
-    return options
 
 
 def _load_arguments(p: argparse.ArgumentParser) -> None:

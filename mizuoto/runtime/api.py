@@ -92,21 +92,8 @@ class Runtime:
         return self._detect(Path(path))[0]
 
     def _detect(self, path: Path, only: str | None = None) -> tuple[list[tuple[str, str | None]], list[str]]:
-        """(hits, what was checked) over every engine, or just engine `only`."""
-        engines = {only: self.registry.engine_class(only)} if only is not None else self.engines()
-        hits, checked = [], []
-        for name, cls in engines.items():
-            try:
-                found = cls().detect(path)
-            except Exception as e:  # detect must not raise; a buggy one is reported, not fatal
-                checked.append(f"{name} (detect raised {describe_error(e)})")
-                continue
-            checked.append(f"{name}: {'yes' if found else 'no'}")
-            if found:
-                hits.append((name, found if isinstance(found, str) else None))
-        if only is None:
-            checked += [f"{f.plugin} (unavailable: {f.error})" for f in self.failures]
-        return hits, checked
+        """(hits, what was checked) over every engine, or just engine `only` (Registry.detect_report)."""
+        return self.registry.detect_report(path, only)
 
     # ---- models --------------------------------------------------------------------------------
     def load(self, path: str | Path, engine: str | None = None, name: str | None = None, **options: Any) -> str:

@@ -95,3 +95,17 @@ def parse_options(options: Mapping[str, Any] | None = None, **kwargs: Any) -> Lo
     compute = ComputeOptions(**{k: flat[f"compute.{k}"] for k in _COMPUTE_KEYS if f"compute.{k}" in flat})
     top = {k: flat[k] for k in ("device", "precision") if k in flat}
     return LoadOptions(compute=compute, **top)
+
+
+def load_options(args: Any) -> dict:
+    """Load options from --option KEY=VALUE, --device and --precision (unknown keys fail later, in parse_options)."""
+    options = {}
+    for item in args.option or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise InvalidRequest(f"--option takes KEY=VALUE, got {item!r}")
+        options[key.strip()] = value.strip()
+    for key in ("device", "precision"):
+        if getattr(args, key, None) is not None:
+            options[key] = getattr(args, key)
+    return options

@@ -37,8 +37,8 @@ def test_nothing_heavy_imported_until_used():
 
 
 def test_lazy_builtin_that_fails_is_reported_by_name(monkeypatch):
-    monkeypatch.setattr(plugins, "BUILTIN_ENGINES", {"ghost": ("mizuoto.no_such_module", "GhostEngine"),
-                                                     "fake": ("mizuoto.testing.toy", "ToneModel")})
+    monkeypatch.setattr(plugins, "BUILTIN_ENGINES", {"ghost": ("mizuoto.no_such_module", "GhostEngine", ()),
+                                                     "fake": ("mizuoto.testing.toy", "ToneModel", ())})
     reg = Registry(entry_points=False)
     assert reg.names() == ["fake", "ghost"]
     with pytest.raises(ModelLoadError, match="engine 'ghost' \\(plugin builtin\\) failed to load: "

@@ -47,11 +47,12 @@ class CosyVoiceEngine(Engine):
     bench_random = ("cosyvoice2",)  # `mizuoto bench --random cosyvoice2`
 
     def bench_driver(self, model_dir: Path | None, random: str | None, options: Any, settings: Any,
-                     workdir: Path, **kwargs: Any) -> Any:
-        """`mizuoto bench`'s driver for a CosyVoice 2/3 directory or a random full-size model."""
-        from mizuoto.engines.cosyvoice.bench import bench_driver
+                     workdir: Path, assets: str | Path | None = None) -> Any:
+        """`mizuoto bench`'s driver: this engine's own model of a CosyVoice 2/3 directory or a random full-size one."""
+        from mizuoto.engines.cosyvoice.bench import CosyVoiceBench, bench_model_dir
 
-        return bench_driver(model_dir, random, options, settings, workdir, **kwargs)
+        model_dir, label = bench_model_dir(model_dir, random, workdir, assets)
+        return CosyVoiceBench(CosyVoiceModel(model_dir, options, frontend_optional=True), settings, label)
 
     def detect(self, model_dir: Path) -> bool | str:
         """"cosyvoice1|2|3" when the directory holds that generation's yaml."""
@@ -71,7 +72,7 @@ class CosyVoiceEngine(Engine):
 class CosyVoiceModel(Model):
     """One loaded CosyVoice directory."""
 
-    def __init__(self, model_dir: Path, options: LoadOptions):
+    def __init__(self, model_dir: Path, options: LoadOptions, frontend_optional: bool = False):
         if not model_dir.is_dir():
             raise ModelLoadError(f"model directory not found: {model_dir}")
         variant = find_variant(model_dir)
@@ -108,7 +109,8 @@ class CosyVoiceModel(Model):
             Stage("hift", "frames", dict(self.hift.named_children()), fixed=fixed_hift,
                   memory=frames_stage_memory(self.hift, self.sample_rate)),
         )
-        self._caps = self._capabilities()
+        # the bench runs token ids through the stages: a directory without the front end's files is fine there
+        self._caps = None if frontend_optional and not self._audio_ok else self._capabilities()
 
     def _cuda_graphs(self, device: torch.device) -> dict[str, bool]:
         """The LM's `cuda_graphs` argument; when requested but impossible, log why once, here."""
