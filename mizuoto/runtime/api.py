@@ -89,11 +89,7 @@ class Runtime:
 
     def detect(self, path: str | Path) -> list[tuple[str, str | None]]:
         """(engine, variant) of every engine that recognises `path`."""
-        return self._detect(Path(path))[0]
-
-    def _detect(self, path: Path, only: str | None = None) -> tuple[list[tuple[str, str | None]], list[str]]:
-        """(hits, what was checked) over every engine, or just engine `only` (Registry.detect_report)."""
-        return self.registry.detect_report(path, only)
+        return self.registry.detect(Path(path))
 
     # ---- models --------------------------------------------------------------------------------
     def load(self, path: str | Path, engine: str | None = None, name: str | None = None, **options: Any) -> str:
@@ -102,7 +98,7 @@ class Runtime:
         path = Path(path)
         if not path.is_dir():
             raise ModelLoadError(f"model directory not found: {path}")
-        picked, checked = self._detect(path, engine)
+        picked, checked = self.registry.detect_report(path, engine)
         if not picked:
             if engine is not None:
                 raise ModelLoadError(f"engine {engine!r} does not recognise {path} ({checked[0]})")

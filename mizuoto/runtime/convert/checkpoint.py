@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any
 
 import torch
 
@@ -39,38 +39,15 @@ class Fold:
     what: str
 
 
-class TensorSource(Protocol):
-    """Named tensors of a foreign file."""
+class DictSource(dict):
+    """A `.pt` state dict as a tensor source (an OnnxGraph is the other): names, has_tensor, tensor, root."""
 
-    def names(self) -> Iterable[str]:
-        """Every tensor the file stores (each must be used or ignored)."""
-
-    def has_tensor(self, name: str) -> bool:
-        """Whether `name` can be read."""
-
-    def tensor(self, name: str) -> torch.Tensor:
-        """The tensor called `name`."""
+    names = dict.keys
+    has_tensor = dict.__contains__
+    tensor = dict.__getitem__
 
     def root(self, name: str) -> str:
-        """The stored tensor `name` refers to (aliases followed)."""
-
-
-class DictSource:
-    """A `.pt` state dict as a TensorSource."""
-
-    def __init__(self, state: Mapping[str, torch.Tensor]) -> None:
-        self.state = state
-
-    def names(self) -> Iterable[str]:
-        return self.state.keys()
-
-    def has_tensor(self, name: str) -> bool:
-        return name in self.state
-
-    def tensor(self, name: str) -> torch.Tensor:
-        return self.state[name]
-
-    def root(self, name: str) -> str:
+        """Names have no aliases in a state dict."""
         return name
 
 
@@ -83,12 +60,12 @@ def _shape(t: torch.Tensor | torch.Size | tuple) -> tuple[int, ...]:
     return tuple(t.shape) if isinstance(t, torch.Tensor) else tuple(t)
 
 
-def match_state_dict(source: TensorSource, key_map: Mapping[str, Src | Fold | str],
+def match_state_dict(source: Any, key_map: Mapping[str, Src | Fold | str],
                      shapes: Mapping[str, torch.Size | tuple[int, ...]], *, where: str | Path, target: str,
                      ignore: Iterable[str] = ()) -> dict[str, torch.Tensor]:
-    """Fill every key of `shapes` from the source `key_map` names; any mismatch is one ModelLoadError.
+    """Fill every key of `shapes` from the `source` tensors `key_map` names; any mismatch is one ModelLoadError.
 
-    `target` names what the file should fit (e.g. "the yaml's flow"); `ignore` lists source
+    `source` has names(), has_tensor(name), tensor(name) and root(name) (aliases followed). `target` names what the file should fit (e.g. "the yaml's flow"); `ignore` lists source
     tensors that are read some other way (config values, a tied head checked by the caller).
     """
     problems: list[str] = []
