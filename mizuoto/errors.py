@@ -23,3 +23,7 @@ class ResourceError(MizuotoError):
 
 class MemoryBudgetError(MizuotoError):
     """A model or stage cannot fit the memory budget."""
+
+
+class RequestCancelled(MizuotoError):
+    """A running request was cancelled by its caller (it stops at the next stage call)."""

@@ -42,6 +42,17 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="longest input text [MIZUOTO_MAX_INPUT_CHARS]")
     p.add_argument("--shutdown-timeout", type=float, default=float(_env("SHUTDOWN_TIMEOUT", 10)),
                    help="seconds in-flight requests get to finish on shutdown [MIZUOTO_SHUTDOWN_TIMEOUT]")
+    p.add_argument("--api-key", default=_env("API_KEY"),
+                   help="require `Authorization: Bearer KEY` on /v1/* (/health, /ready, /metrics stay open) [MIZUOTO_API_KEY]")
+    p.add_argument("--admin-key", default=_env("ADMIN_KEY"),
+                   help="key for loading/unloading models and deleting voices; without it those are off"
+                        " [MIZUOTO_ADMIN_KEY]")
+    p.add_argument("--header-timeout", type=float, default=float(_env("HEADER_TIMEOUT", 10)),
+                   help="seconds a connection may take to send its request headers [MIZUOTO_HEADER_TIMEOUT]")
+    p.add_argument("--idle-timeout", type=float, default=float(_env("IDLE_TIMEOUT", 30)),
+                   help="seconds a request body or WebSocket session may stay silent [MIZUOTO_IDLE_TIMEOUT]")
+    p.add_argument("--drain-seconds", type=float, default=float(_env("DRAIN_SECONDS", 2)),
+                   help="on SIGTERM, seconds /ready answers 503 before the listener closes [MIZUOTO_DRAIN_SECONDS]")
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "info"), help="uvicorn log level [MIZUOTO_LOG_LEVEL]")
 
 
@@ -80,21 +91,26 @@ def run_serve(args: argparse.Namespace) -> int:
         raise MizuotoError("mizuoto serve needs the server extra: pip install 'mizuoto[server]'") from None
     from mizuoto.runtime.api import Runtime
     from mizuoto.server.app import create_app
-    from mizuoto.server.launch import config
+    from mizuoto.server.launch import Server, config
     from mizuoto.server.state import ServerConfig
 
     if args.max_concurrent < 1:
         raise InvalidRequest(f"--max-concurrent must be at least 1, got {args.max_concurrent}")
     options = {k: getattr(args, k) for k in ("device", "precision") if getattr(args, k)}
+    for flag in ("header_timeout", "idle_timeout"):
+        if getattr(args, flag) <= 0:
+            raise InvalidRequest(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     server_config = ServerConfig(max_concurrent=args.max_concurrent,
                                  request_timeout=args.request_timeout or None,
                                  max_input_chars=args.max_input_chars, load_options=options,
-                                 model_roots=tuple(Path(r) for r in args.model_root))
+                                 model_roots=tuple(Path(r) for r in args.model_root),
+                                 api_key=args.api_key or None, admin_key=args.admin_key or None,
+                                 header_timeout=args.header_timeout, idle_timeout=args.idle_timeout,
+                                 drain_seconds=max(0.0, args.drain_seconds))
     runtime = Runtime(vram=args.vram, ram=args.ram)
     app = create_app(runtime, server_config, _models(args.model))
-    import uvicorn
 
-    server = uvicorn.Server(config(app, args.host, args.port, args.shutdown_timeout, args.log_level))
+    server = Server(config(app, args.host, args.port, args.shutdown_timeout, args.log_level), app.state.mizuoto)
     if threading.current_thread() is threading.main_thread():
         # uvicorn re-raises the signal it stopped on once it is done; after a graceful stop that
         # signal should end the process normally (exit 0), not kill it.

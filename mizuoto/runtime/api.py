@@ -222,10 +222,13 @@ class Runtime:
             return evictions
 
     # ---- requests ------------------------------------------------------------------------------
-    def synthesize(self, model: str, request: Any = None, **fields: Any) -> Iterator[AudioChunk]:
+    def synthesize(self, model: str, request: Any = None, *, cancel: threading.Event | None = None,
+                   **fields: Any) -> Iterator[AudioChunk]:
         """Check the request now, then return an iterator of audio chunks (run as it is consumed).
 
         `request` is a SynthesisRequest, or the text (string or iterator of pieces) with `fields` beside it.
+        Setting `cancel` (from any thread) stops the request at its next stage call with
+        RequestCancelled, even inside a non-streaming request's single chunk.
         """
         if not isinstance(request, SynthesisRequest):  # text (a string or an iterator of pieces) or None
             try:
@@ -237,11 +240,12 @@ class Runtime:
         loaded = self._get(model)
         request = check_request(request, loaded.model, f"model {model}")
         plan = self._plan_for(loaded, request)
-        return self._stream(loaded, plan, request)
+        return self._stream(loaded, plan, request, cancel)
 
-    def _stream(self, loaded: _Loaded, plan: Plan, request: SynthesisRequest) -> Iterator[AudioChunk]:
+    def _stream(self, loaded: _Loaded, plan: Plan, request: SynthesisRequest,
+                cancel: threading.Event | None) -> Iterator[AudioChunk]:
         with self._turn(loaded, plan):
-            yield from loaded.scheduler.execute(request)
+            yield from loaded.scheduler.execute(request, cancel)
 
     def add_voice(self, model: str, voice_id: str, ref_audio: Any, ref_text: str | None = None) -> Voice:
         """Cache a voice prompt on the model, to be used later by id."""

@@ -1,5 +1,8 @@
 """Runs requests through one model's stages, moving stage modules between host and device as its plan says.
 
+Cancellation: a request run with a `cancel` event raises RequestCancelled at its next stage
+call (every `use(stage)`) once the event is set.
+
 Concurrency: one request at a time per model, by a lock held from the first chunk until the
 generator finishes or is closed; other threads wait their turn (a lock, not a queue: arrival
 order is not guaranteed). A thread that opens a second stream on a model while its first is
@@ -15,7 +18,7 @@ from collections.abc import Iterator
 import torch
 
 from mizuoto.runtime.engine import AudioChunk, Model, SynthesisRequest
-from mizuoto.errors import InvalidRequest
+from mizuoto.errors import InvalidRequest, RequestCancelled
 from mizuoto.runtime.memory import Plan
 
 
@@ -31,6 +34,7 @@ class Scheduler:
         self._on_device: set[str] = set()
         self._lock = threading.Lock()
         self._owner: int | None = None
+        self._cancel: threading.Event | None = None  # the running request's
 
     @property
     def busy(self) -> bool:
@@ -64,22 +68,26 @@ class Scheduler:
             self._move(name, False)
         self.plan = None
 
-    def execute(self, request: SynthesisRequest) -> Iterator[AudioChunk]:
-        """Run the request under the current plan (call inside `hold`)."""
-        with self.bound():
+    def execute(self, request: SynthesisRequest, cancel: threading.Event | None = None) -> Iterator[AudioChunk]:
+        """Run the request under the current plan (call inside `hold`); `cancel` stops it at a stage call."""
+        with self.bound(cancel):
             yield from self.model.synthesize(request)
 
     @contextlib.contextmanager
-    def bound(self) -> Iterator[None]:
+    def bound(self, cancel: threading.Event | None = None) -> Iterator[None]:
         """Let the model's `use(stage)` calls go through this scheduler's gate during the block."""
+        self._cancel = cancel
         self.model.bind(self._gate)
         try:
             yield
         finally:
             self.model.bind(None)
+            self._cancel = None
 
     @contextlib.contextmanager
     def _gate(self, stage: str) -> Iterator[torch.device]:
+        if self._cancel is not None and self._cancel.is_set():
+            raise RequestCancelled(f"the request was cancelled before its {stage} stage call")
         if self.plan is None:
             raise InvalidRequest("no plan applied to this model")
         wanted = self.plan.group_of(stage)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route, WebSocketRoute
@@ -18,7 +19,7 @@ from mizuoto.server import speech, voices, websocket
 from mizuoto.server.errors import ApiError, from_exception
 from mizuoto.server.malloc import tune_malloc
 from mizuoto.server.state import ServerConfig, ServerState
-from mizuoto.server.validation import parse_json, parse_speech, text_field
+from mizuoto.server.validation import name_field, parse_json, parse_speech, text_field
 
 log = logging.getLogger("mizuoto.server")
 SHUTDOWN_JOIN_SECONDS = 10.0
@@ -33,12 +34,20 @@ def _error(e: ApiError) -> JSONResponse:
 
 
 async def _body(request: Request, limit: int) -> bytes:
-    """The request body, refused (413) past `limit` bytes whether or not a length was declared."""
+    """The request body, refused (413) past `limit` bytes, and (408) when it stalls past the idle timeout."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"request body of {declared} bytes exceeds the limit of {limit}")
     parts, size = [], 0
-    async for part in request.stream():
+    stream = request.stream().__aiter__()
+    idle = _state(request).config.idle_timeout
+    while True:
+        try:
+            part = await asyncio.wait_for(stream.__anext__(), idle)
+        except StopAsyncIteration:
+            break
+        except asyncio.TimeoutError:
+            raise ApiError(408, f"the request body stalled for {idle:g} s") from None
         size += len(part)
         if size > limit:
             raise ApiError(413, f"request body exceeds the limit of {limit} bytes")
@@ -46,19 +55,20 @@ async def _body(request: Request, limit: int) -> bytes:
     return b"".join(parts)
 
 
-def _route(name: str):
-    """Wrap a handler: ApiErrors and runtime errors become JSON error responses; every answer is counted."""
+def _route(name: str, admin: bool = False):
+    """Wrap a handler: the key it needs is checked first; errors become JSON responses; every answer is counted."""
     def wrap(handler):
         async def endpoint(request: Request) -> Response:
             state = _state(request)
             try:
+                state.authorize(request.headers.get("authorization"), admin)
                 response = await handler(request, state)
             except Exception as e:
                 error = from_exception(e)
                 if error.status == 500:
                     log.exception("%s failed", name)
                 response = _error(error)
-            state.metrics.request(name, getattr(request.state, "model", ""), response.status_code)
+            state.metrics.request(name, state.model_label(getattr(request.state, "model", "")), response.status_code)
             return response
         return endpoint
     return wrap
@@ -70,8 +80,7 @@ async def _speech(request: Request, state: ServerState) -> Response:
                             state.formats, state.config.max_input_chars)
     request.state.model = p.model
     state.check_model(p.model)
-    reference = speech.inline_reference(state, p)
-    job = speech.start_job(state, p, reference, stream=p.stream_format is not None)
+    job = speech.start_job(state, p, stream=p.stream_format is not None)
     pull = speech.Pull(state, job, p.model, request)
     try:
         if p.stream_format is None:
@@ -112,10 +121,10 @@ async def _models(request: Request, state: ServerState) -> Response:
     return JSONResponse({"object": "list", "data": [_model_entry(state, n) for n in names]})
 
 
-@_route("models.load")
+@_route("models.load", admin=True)
 async def _load(request: Request, state: ServerState) -> Response:
     data = parse_json(await _body(request, 1 << 20))
-    name = text_field(data, "model", required=True)
+    name = name_field(data, "model", required=True)
     request.state.model = name
     given = text_field(data, "path")
     engine = text_field(data, "engine")
@@ -132,9 +141,9 @@ async def _load(request: Request, state: ServerState) -> Response:
     return JSONResponse({**_model_entry(state, loaded), "evicted": evicted})
 
 
-@_route("models.unload")
+@_route("models.unload", admin=True)
 async def _unload(request: Request, state: ServerState) -> Response:
-    name = text_field(parse_json(await _body(request, 1 << 20)), "model", required=True)
+    name = name_field(parse_json(await _body(request, 1 << 20)), "model", required=True)
     request.state.model = name
     try:
         await asyncio.to_thread(state.unload, name)
@@ -152,17 +161,23 @@ async def _voices(request: Request, state: ServerState) -> Response:
     if request.method == "GET":
         return JSONResponse({"object": "list", "data": voices.listing(state, request.query_params.get("model"))})
     body = await _body(request, state.config.max_body_bytes)
-    voice = await asyncio.to_thread(voices.register, state, body, request.headers.get("content-type", ""))
+    # decoding an upload is work like a synthesis: it takes a slot, so uploads cannot starve requests
+    if not state.limiter.try_acquire():
+        raise ApiError(503, f"the server is at its limit of {state.config.max_concurrent} concurrent requests;"
+                            " retry shortly", headers={"Retry-After": str(state.config.retry_after)})
+    try:
+        voice = await asyncio.to_thread(voices.register, state, body, request.headers.get("content-type", ""))
+    finally:
+        state.limiter.release()
     return JSONResponse({"id": voice.id, "object": "voice", "kind": "uploaded", "sample_rate": voice.rate,
                          "seconds": round(voice.samples.numel() / voice.rate, 3)}, status_code=201)
 
 
-@_route("voices.delete")
+@_route("voices.delete", admin=True)
 async def _voice_delete(request: Request, state: ServerState) -> Response:
     voice_id = request.path_params["voice_id"]
     if voice_id not in state.voices:
-        raise ApiError(404, f"no uploaded voice {voice_id!r}; uploaded: {', '.join(state.voices) or 'none'}",
-                       "voice_id")
+        raise ApiError(404, "no uploaded voice of that id; GET /v1/audio/voices lists them", "voice_id")
     del state.voices[voice_id]
     return JSONResponse({"id": voice_id, "object": "voice", "deleted": True})
 
@@ -191,6 +206,16 @@ async def _metrics(request: Request) -> Response:
 
 async def _ws(ws) -> None:
     await websocket.session(ws, ws.app.state.mizuoto)
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    """Starlette's own errors (unknown route 404, wrong method 405) as JSON like every other error."""
+    return _error(ApiError(exc.status_code, str(exc.detail), headers=dict(exc.headers or {})))
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error on %s", request.url.path)
+    return _error(ApiError(500, f"internal error ({type(exc).__name__}); see the server log"))
 
 
 def create_app(runtime: Any, config: ServerConfig | None = None, models: dict[str, Path] | None = None,
@@ -229,6 +254,7 @@ def create_app(runtime: Any, config: ServerConfig | None = None, models: dict[st
         Route("/metrics", _metrics, methods=["GET"]),
         WebSocketRoute("/v1/audio/speech/stream", _ws),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={HTTPException: _http_error, Exception: _internal_error})
     app.state.mizuoto = state
     return app

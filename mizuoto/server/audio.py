@@ -18,7 +18,11 @@ STREAMABLE = ("wav", "pcm")
 _SOUNDFILE = {"flac": ("FLAC", "PCM_16"), "mp3": ("MP3", "MPEG_LAYER_III"), "opus": ("OGG", "OPUS")}
 OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
 MIN_REFERENCE_RATE = 16000
+MAX_REFERENCE_RATE = 192000  # studio rates; anything above is a decoding bomb, not a recording
+MAX_REFERENCE_CHANNELS = 8
 REFERENCE_SECONDS = (0.5, 60.0)
+# Float files may overshoot full scale a little; far past it the engine's arithmetic overflows.
+MAX_REFERENCE_PEAK = 2.0
 
 
 def available_formats() -> tuple[str, ...]:
@@ -48,7 +52,8 @@ def wav_header(rate: int, data_bytes: int | None = None) -> bytes:
 
 
 def encode(samples: torch.Tensor, rate: int, fmt: str) -> bytes:
-    """A whole response body in `fmt`."""
+    """A whole response body in `fmt`; non-finite samples never reach an encoder (a 500 instead)."""
+    check_finite(samples)
     if fmt == "pcm":
         return pcm16(samples)
     if fmt == "wav":
@@ -78,22 +83,50 @@ def decode_base64(text: str, param: str) -> bytes:
 
 
 def decode_reference(data: bytes, param: str) -> tuple[torch.Tensor, int]:
-    """(mono float32 samples, rate) of an uploaded reference; unreadable, too short or low-rate audio is a 400."""
+    """(mono float32 samples, rate) of an uploaded reference; a 400 for anything the engine should not see.
+
+    The header is checked (rate, channels, duration) before any sample is decoded, and decoding
+    reads at most the longest allowed duration, so a small file that claims an hour of audio costs
+    nothing. Silent, non-finite or far out-of-range samples are refused after decoding.
+    """
     import soundfile
 
     if not data:
         raise ApiError(400, f"{param} is empty", param)
     try:
-        audio, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
+        info = soundfile.info(io.BytesIO(data))
     except Exception:  # soundfile raises several types for non-audio bytes
         raise ApiError(400, f"{param} is not a readable audio file (wav, flac, ogg or mp3 expected)", param) from None
-    if rate < MIN_REFERENCE_RATE:
-        raise ApiError(400, f"{param} is sampled at {rate} Hz; at least {MIN_REFERENCE_RATE} Hz is needed", param)
-    seconds = audio.shape[0] / rate
+    rate, channels = int(info.samplerate), int(info.channels)
+    if not MIN_REFERENCE_RATE <= rate <= MAX_REFERENCE_RATE:
+        raise ApiError(400, f"{param} is sampled at {rate} Hz; between {MIN_REFERENCE_RATE} and "
+                            f"{MAX_REFERENCE_RATE} Hz is needed", param)
+    if not 1 <= channels <= MAX_REFERENCE_CHANNELS:
+        raise ApiError(400, f"{param} has {channels} channels; at most {MAX_REFERENCE_CHANNELS} are read", param)
     lo, hi = REFERENCE_SECONDS
+    limit = int(hi * rate)
+    if info.frames > limit:
+        raise ApiError(400, f"{param} lasts {info.frames / rate:.2f} s; between {lo:g} and {hi:g} s is needed", param)
+    try:
+        # frames bound the decode even where the header's length is unknown or wrong (mp3, ogg)
+        audio, _ = soundfile.read(io.BytesIO(data), frames=limit + 1, dtype="float32", always_2d=True)
+    except Exception:
+        raise ApiError(400, f"{param} is not a readable audio file (wav, flac, ogg or mp3 expected)", param) from None
+    seconds = audio.shape[0] / rate
     if not lo <= seconds <= hi:
         raise ApiError(400, f"{param} lasts {seconds:.2f} s; between {lo:g} and {hi:g} s is needed", param)
-    samples = torch.from_numpy(audio).mean(dim=1)
-    if not torch.isfinite(samples).all() or float(samples.abs().max()) == 0.0:
-        raise ApiError(400, f"{param} is silent or holds non-finite samples", param)
-    return samples, int(rate)
+    if not np.isfinite(audio).all():
+        raise ApiError(400, f"{param} holds non-finite samples (NaN or infinity)", param)
+    peak = float(np.abs(audio).max())
+    if peak == 0.0:
+        raise ApiError(400, f"{param} is silent", param)
+    if peak > MAX_REFERENCE_PEAK:
+        raise ApiError(400, f"{param} peaks at {peak:.3g}; samples must lie within [-1, 1] "
+                            f"(float files up to +-{MAX_REFERENCE_PEAK:g} are accepted)", param)
+    return torch.from_numpy(audio).mean(dim=1), rate
+
+
+def check_finite(samples: torch.Tensor) -> None:
+    """A 500 for engine output an encoder must never see (NaN or infinity)."""
+    if not bool(torch.isfinite(samples).all()):
+        raise ApiError(500, "the engine produced non-finite audio (NaN or infinity); the request was stopped")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from mizuoto.errors import AudioError, InvalidRequest, MemoryBudgetError, MizuotoError, ModelLoadError
 
-_TYPES = {400: "invalid_request_error", 404: "not_found_error", 409: "conflict_error", 413: "invalid_request_error",
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+          405: "invalid_request_error", 408: "timeout_error", 409: "conflict_error", 413: "invalid_request_error",
           429: "rate_limit_error", 503: "overloaded_error", 504: "timeout_error", 507: "insufficient_memory_error"}
 
 

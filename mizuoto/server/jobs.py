@@ -3,8 +3,9 @@
 The runtime's iterators are synchronous and may block (a model runs one request at a time), so
 a job owns one thread from the first call to the iterator's close. The consumer pulls chunks
 with a deadline; cancelling (client gone, deadline passed, server stopping) makes the worker
-stop at the next chunk boundary and close the iterator in its own thread, which releases the
-model and whatever the engine held for the request.
+stop at the engine's next stage call (the runtime's cancel event) and close the iterator in its
+own thread, which releases the model and whatever the engine held for the request. The slot is
+released when the computation ends, before the response is sent.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class Limiter:
 class Job:
     """One synthesis running in a worker thread; iterate it from the event loop with `next()`."""
 
-    def __init__(self, start: Callable[[], Iterator[Any]], limiter: Limiter, deadline: float | None,
+    def __init__(self, start: Callable[[threading.Event], Iterator[Any]], limiter: Limiter, deadline: float | None,
                  on_finish: Callable[[Job], None] | None = None):
         self.cancelled = threading.Event()
         self.started = time.monotonic()
@@ -78,7 +79,7 @@ class Job:
     def _work(self) -> None:
         iterator = None
         try:
-            iterator = self._start()
+            iterator = self._start(self.cancelled)  # the runtime stops at its next stage call once set
             for chunk in iterator:
                 while not self._space.acquire(timeout=0.1):
                     if self.cancelled.is_set():

@@ -7,7 +7,9 @@ import threading
 import time
 from typing import Any
 
+import h11
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -17,11 +19,69 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def config(app: Any, host: str, port: int, shutdown_timeout: float = 10.0,
-           log_level: str = "warning") -> uvicorn.Config:
-    """uvicorn settings: graceful shutdown waits `shutdown_timeout` s for in-flight requests, then cancels them."""
+class _HeaderTimeoutH11(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol, closing connections that do not finish their request headers in time.
+
+    uvicorn's keep-alive timer only runs between requests, and any byte resets it: a client that
+    opens a connection and sends nothing, or half a request line, would hold it forever.
+    """
+
+    header_timeout = 10.0
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        self._header_timer = self.loop.call_later(self.header_timeout, self._headers_too_slow)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._header_timer is not None and self.conn.their_state is not h11.IDLE:  # headers complete
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+        super().connection_lost(exc)
+
+    def _headers_too_slow(self) -> None:
+        self._header_timer = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self.transport.close()
+
+
+def config(app: Any, host: str, port: int, shutdown_timeout: float = 10.0, log_level: str = "warning",
+           header_timeout: float | None = None) -> uvicorn.Config:
+    """uvicorn settings: graceful shutdown waits `shutdown_timeout` s for in-flight requests, then cancels them.
+
+    `header_timeout` (default: the app's ServerConfig) closes connections that are slow to send a request.
+    """
+    if header_timeout is None:
+        header_timeout = app.state.mizuoto.config.header_timeout
+    protocol = type("HeaderTimeoutH11", (_HeaderTimeoutH11,), {"header_timeout": header_timeout})
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=shutdown_timeout,
-                          ws="websockets-sansio", lifespan="on", access_log=False)
+                          ws="websockets-sansio", lifespan="on", access_log=False, http=protocol)
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server with a drain: on SIGTERM/SIGINT the app reports not ready before the listener closes."""
+
+    def __init__(self, config: uvicorn.Config, state: Any) -> None:
+        super().__init__(config)
+        self.state = state
+        self._drain: threading.Timer | None = None
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        """First signal: /ready answers 503 for drain_seconds, then a graceful stop; a second signal stops now."""
+        if self._drain is None and self.state.config.drain_seconds > 0 and not self.should_exit:
+            self.state.closing = True
+            self._drain = threading.Timer(self.state.config.drain_seconds, super().handle_exit, (sig, frame))
+            self._drain.daemon = True
+            self._drain.start()
+            return
+        if self._drain is not None:
+            self._drain.cancel()
+        super().handle_exit(sig, frame)
 
 
 class ServerThread:
@@ -29,7 +89,7 @@ class ServerThread:
 
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int | None = None, shutdown_timeout: float = 5.0):
         self.host, self.port = host, port or free_port(host)
-        self.server = uvicorn.Server(config(app, self.host, self.port, shutdown_timeout))
+        self.server = Server(config(app, self.host, self.port, shutdown_timeout), app.state.mizuoto)
         self.thread = threading.Thread(target=self.server.run, name="mizuoto-server", daemon=True)
 
     @property

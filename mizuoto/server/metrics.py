@@ -9,9 +9,13 @@ LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 RTF_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 
 
+def _escape(value: object) -> str:
+    """A label value as the exposition format writes it: backslash, quote and newline escaped."""
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
 def _labels(**kv: str) -> str:
-    inner = ",".join(f'{k}="{str(v).replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
-                     for k, v in kv.items())
+    inner = ",".join(f'{k}="{_escape(v)}"' for k, v in kv.items())
     return "{" + inner + "}" if inner else ""
 
 

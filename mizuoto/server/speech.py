@@ -6,6 +6,7 @@ import asyncio
 import base64
 import json
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
@@ -13,13 +14,15 @@ from typing import Any
 import torch
 
 from mizuoto.runtime.engine import AudioChunk, Reference, SynthesisRequest
-from mizuoto.server.audio import MEDIA_TYPES, decode_base64, decode_reference, encode, pcm16, wav_header
+from mizuoto.server.audio import (MEDIA_TYPES, check_finite, decode_base64, decode_reference, encode, pcm16,
+                                  wav_header)
 from mizuoto.server.errors import ApiError, from_exception
 from mizuoto.server.jobs import Cancelled, Job
 from mizuoto.server.state import ServerState
 from mizuoto.server.validation import SpeechParams, field_of
 
 log = logging.getLogger("mizuoto.server")
+JOIN_SECONDS = 5.0  # how long a finished request waits for its worker to release the slot
 
 
 class ClientGone(Exception):
@@ -50,8 +53,7 @@ def build_request(state: ServerState, p: SpeechParams, reference: Reference | No
     elif p.voice is not None and p.voice in state.voices:
         voice = state.voices[p.voice].reference()
     elif p.voice is not None:
-        raise ApiError(400, f"unknown voice {p.voice!r}; model {p.model} has: {', '.join(ids) or 'none'};"
-                            f" uploaded voices: {', '.join(state.voices) or 'none'}", "voice")
+        raise ApiError(400, f"unknown voice for model {p.model}; GET /v1/audio/voices lists them", "voice")
     else:
         presets = [v.id for v in state.runtime.voices(p.model) if v.kind == "preset"]
         if not presets:
@@ -69,19 +71,21 @@ def build_request(state: ServerState, p: SpeechParams, reference: Reference | No
         raise from_exception(e, field_of(str(e))) from None
 
 
-def start_job(state: ServerState, p: SpeechParams, reference: Reference | None, stream: bool,
-              text: str | Iterable[str] | None = None) -> Job:
-    """Take a concurrency slot (or 503) and start the synthesis in a worker thread."""
+def start_job(state: ServerState, p: SpeechParams, stream: bool, text: str | Iterable[str] | None = None) -> Job:
+    """Take a concurrency slot (or 503) and start the synthesis in a worker thread.
+
+    The reference audio is decoded in the worker too: off the event loop, and bounded by the slots.
+    """
     if state.closing:
         raise ApiError(503, "the server is shutting down", headers={"Retry-After": str(state.config.retry_after)})
     if not state.limiter.try_acquire():
         raise ApiError(503, f"the server is at its limit of {state.config.max_concurrent} concurrent requests;"
                             " retry shortly", headers={"Retry-After": str(state.config.retry_after)})
 
-    def start() -> Iterator[AudioChunk]:
-        request = build_request(state, p, reference, stream, text)
+    def start(cancel: threading.Event) -> Iterator[AudioChunk]:
+        request = build_request(state, p, inline_reference(state, p), stream, text)
         try:
-            return state.runtime.synthesize(p.model, request)
+            return state.runtime.synthesize(p.model, request, cancel=cancel)
         except Exception as e:
             raise from_exception(e, field_of(str(e))) from None
 
@@ -147,10 +151,20 @@ class Pull:
         if chunk is None:
             self.ended = True
             self.close()
+            # the worker frees its slot as it ends: wait for that, so a client that sends its next
+            # request on receiving this response finds the slot free
+            await asyncio.to_thread(self.job.join, JOIN_SECONDS)
             wall = time.monotonic() - self.job.started
             if self.rate:
                 self.state.metrics.synthesis(self.model, wall, self.samples / self.rate)
             return None
+        try:
+            check_finite(chunk.samples)
+        except ApiError:
+            self.ended = True
+            self.cancel()
+            log.error("request on %s: the engine produced non-finite audio", self.model)
+            raise
         if self.count == 0:
             self.state.metrics.first_chunk_latency(self.model, time.monotonic() - self.job.started)
         self.count += 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,11 +11,12 @@ from typing import Any
 import torch
 
 from mizuoto.runtime.engine import Reference
-from mizuoto.errors import MizuotoError
+from mizuoto.errors import InvalidRequest, MizuotoError
 from mizuoto.server.audio import available_formats
 from mizuoto.server.errors import ApiError
 from mizuoto.server.jobs import Job, Limiter
 from mizuoto.server.metrics import Metrics
+from mizuoto.server.validation import NAME
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,12 @@ class ServerConfig:
     # glibc (see malloc.py): buffers this big get their own mappings, unmapped when freed; None leaves it as is
     mmap_threshold: int | None = 1 << 20
     malloc_arenas: int | None = 2  # glibc: at most this many heap arenas for all threads; None leaves it as is
+    api_key: str | None = None  # required as `Authorization: Bearer <key>` on /v1/* when set
+    admin_key: str | None = None  # required for loading/unloading models and deleting voices; unset: those are off
+    header_timeout: float = 10.0  # seconds a connection may take to send its request line and headers
+    idle_timeout: float = 30.0  # seconds a request body or a WebSocket session may stay silent
+    drain_seconds: float = 2.0  # on SIGTERM/SIGINT: /ready answers 503 this long before the listener closes
+    max_upload_parts: int = 16  # multipart parts read from one voice upload
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,10 @@ class ServerState:
     def __init__(self, runtime: Any, config: ServerConfig, models: dict[str, Path] | None = None):
         self.runtime = runtime
         self.config = config
+        for name in models or {}:
+            if not NAME.match(name):
+                raise InvalidRequest(f"model name {name!r} must be 1-128 letters, digits or '_', '.', ':', '/', '-' "
+                                     "(give it as NAME=DIR)")
         self.catalogue: dict[str, Path] = {k: Path(v) for k, v in (models or {}).items()}
         self.voices: dict[str, StoredVoice] = {}
         self.limiter = Limiter(config.max_concurrent)
@@ -74,10 +86,31 @@ class ServerState:
         return [m.name for m in self.runtime.models()]
 
     def check_model(self, name: str) -> None:
-        """404 unless `name` is loaded or can be loaded from the catalogue."""
+        """404 unless `name` is loaded or can be loaded from the catalogue (the names are not listed: GET /v1/models)."""
         if name not in self.catalogue and name not in self.loaded():
-            known = sorted(set(self.catalogue) | set(self.loaded()))
-            raise ApiError(404, f"model {name!r} does not exist; available: {', '.join(known) or 'none'}", "model")
+            raise ApiError(404, f"model {name!r} does not exist; GET /v1/models lists the served models", "model")
+
+    def model_label(self, name: str) -> str:
+        """`name` for metrics when it is a served model, else "" (a client cannot grow the label set)."""
+        return name if name in self.catalogue else ""
+
+    def authorize(self, header: str | None, admin: bool) -> None:
+        """401/403 unless the request carries the key its route needs (`Authorization: Bearer <key>`)."""
+        token = header[7:].strip() if header and header[:7].lower() == "bearer " else None
+        if admin:
+            if self.config.admin_key is None:
+                raise ApiError(403, "model and voice administration is off; start the server with --admin-key "
+                                    "(or MIZUOTO_ADMIN_KEY) to allow it", headers={})
+            if token is None or not secrets.compare_digest(token.encode(), self.config.admin_key.encode()):
+                raise ApiError(401 if token is None else 403, "this route needs the admin key "
+                               "(Authorization: Bearer <admin key>)", headers={"WWW-Authenticate": "Bearer"})
+            return
+        if self.config.api_key is None:
+            return
+        keys = [k for k in (self.config.api_key, self.config.admin_key) if k]
+        if token is None or not any(secrets.compare_digest(token.encode(), k.encode()) for k in keys):
+            raise ApiError(401, "missing or wrong API key (Authorization: Bearer <key>)",
+                           headers={"WWW-Authenticate": "Bearer"})
 
     def ensure_loaded(self, name: str) -> None:
         """Load a catalogue model that is not loaded (first use, or evicted to make room for another)."""
@@ -102,6 +135,10 @@ class ServerState:
             before = set(self.loaded())
             if name in before:
                 raise ApiError(409, f"model {name!r} is already loaded; unload it first", "model")
+            twin = next((n for n in before if self.catalogue.get(n) is not None
+                         and self.catalogue[n].resolve() == path.resolve()), None)
+            if twin is not None:
+                raise ApiError(409, f"that directory is already loaded as {twin!r}", "path")
             loaded = self.runtime.load(path, engine=engine, name=name, **self.config.load_options)
             self.catalogue[loaded] = path
             return loaded, sorted(before - set(self.loaded()))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import unicodedata
 from dataclasses import dataclass
 
 from mizuoto.runtime.engine import SPEED_RANGE
@@ -14,10 +16,17 @@ SPEECH_FIELDS = ("model", "input", "voice", "instructions", "response_format", "
                  "ref_audio", "ref_text", "seed")
 
 
+# Names a client chooses (model names, voice ids) appear in headers, metrics and logs: letters,
+# digits and a few separators only ('/' and ':' for hub ids such as org/name).
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$")
+
+
 def parse_json(body: bytes) -> dict:
     """The JSON object of a request body."""
     try:
         data = json.loads(body)
+    except RecursionError:
+        raise ApiError(400, "request body is nested too deeply") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise ApiError(400, f"request body is not valid JSON: {e}") from None
     if not isinstance(data, dict):
@@ -38,6 +47,27 @@ def text_field(data: dict, name: str, required: bool = False, limit: int | None 
         raise ApiError(400, f"field '{name}' is empty", name)
     if limit is not None and len(value) > limit:
         raise ApiError(400, f"field '{name}' has {len(value)} characters; the limit is {limit}", name)
+    check_text(value, name)
+    return value
+
+
+def check_text(value: str, name: str) -> None:
+    """A 400 for text that cannot be spoken or encoded: lone surrogates and NUL characters."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ApiError(400, f"field '{name}' is not valid Unicode (a lone surrogate at character {e.start})",
+                       name) from None
+    if "\x00" in value:
+        raise ApiError(400, f"field '{name}' contains a NUL character", name)
+
+
+def name_field(data: dict, name: str, required: bool = False) -> str | None:
+    """A model name or voice id: `NAME`'s characters only, so it is safe in headers, metrics and logs."""
+    value = text_field(data, name, required=required)
+    if value is not None and not NAME.match(value):
+        raise ApiError(400, f"field '{name}' must be 1-128 letters, digits or '_', '.', ':', '/', '-' "
+                            "(starting with a letter or digit)", name)
     return value
 
 
@@ -81,9 +111,9 @@ def parse_speech(data: dict, formats: tuple[str, ...], max_chars: int, need_inpu
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
         raise ApiError(400, f"seed must be a non-negative integer, got {seed!r}", "seed")
     return SpeechParams(
-        model=text_field(data, "model", required=True),
+        model=name_field(data, "model", required=True),
         input=text_field(data, "input", required=need_input, limit=max_chars),
-        voice=text_field(data, "voice"),
+        voice=voice_field(data),
         instructions=text_field(data, "instructions", limit=max_chars),
         response_format=fmt,
         speed=float(speed),
@@ -92,6 +122,15 @@ def parse_speech(data: dict, formats: tuple[str, ...], max_chars: int, need_inpu
         ref_text=text_field(data, "ref_text", limit=max_chars),
         seed=seed,
     )
+
+
+def voice_field(data: dict, name: str = "voice") -> str | None:
+    """A voice id: up to 128 printable characters (any script: models ship voices such as 中文女)."""
+    value = text_field(data, name)
+    if value is not None and (len(value) > 128 or any(unicodedata.category(c)[0] == "C" or c in "\u2028\u2029"
+                                                      for c in value)):
+        raise ApiError(400, f"field '{name}' must be a voice id: at most 128 printable characters", name)
+    return value
 
 
 def field_of(message: str) -> str | None:

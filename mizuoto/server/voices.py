@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import email.message
 import email.parser
 import email.policy
 import re
@@ -14,8 +15,16 @@ from mizuoto.server.validation import parse_json, text_field
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
-def parse_multipart(body: bytes, content_type: str) -> tuple[dict[str, str], dict[str, bytes]]:
-    """(text fields, file fields) of a multipart/form-data body, read with the standard library's MIME parser."""
+def parse_multipart(body: bytes, content_type: str, max_parts: int = 16) -> tuple[dict[str, str], dict[str, bytes]]:
+    """(text fields, file fields) of a multipart/form-data body, read with the standard library's MIME parser.
+
+    The parts are counted before parsing: a body of thousands of tiny parts is refused, not parsed.
+    """
+    boundary = email.message.Message()
+    boundary["content-type"] = content_type
+    mark = boundary.get_param("boundary")
+    if isinstance(mark, str) and body.count(b"--" + mark.encode("latin-1", "replace")) - 1 > max_parts:
+        raise ApiError(400, f"multipart body has more than {max_parts} parts")
     message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
         b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body)
     if not message.is_multipart():
@@ -36,7 +45,7 @@ def parse_multipart(body: bytes, content_type: str) -> tuple[dict[str, str], dic
 def register(state: ServerState, body: bytes, content_type: str) -> StoredVoice:
     """A voice from a JSON body ({id, audio: base64, text}) or a form upload (id, text, file)."""
     if content_type.startswith("multipart/form-data"):
-        fields, files = parse_multipart(body, content_type)
+        fields, files = parse_multipart(body, content_type, state.config.max_upload_parts)
         audio = files.get("file") or files.get("audio")
         if audio is None:
             raise ApiError(400, "field 'file' (the reference audio upload) is required", "file")

@@ -7,7 +7,8 @@ Protocol (JSON text frames from the client, audio as binary frames of PCM16 mono
   client: {"type": "input_text.done"}
   server: binary audio frames, then {"type": "speech.audio.done", "seconds": ..., "chunks": ...}; closes.
 Errors: {"type": "error", "error": {...}} and the socket closes. A model that cannot take text
-in pieces (stream_in false) speaks once input_text.done arrives.
+in pieces (stream_in false) speaks once input_text.done arrives. A session takes a job slot only
+from its first text on, and one silent for the idle timeout is closed.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from collections.abc import Iterator
 
 from mizuoto.server.errors import ApiError, from_exception
 from mizuoto.server.jobs import Cancelled
-from mizuoto.server.speech import ClientGone, Pull, inline_reference, pcm16, start_job
+from mizuoto.server.speech import ClientGone, Pull, pcm16, start_job
 from mizuoto.server.state import ServerState
-from mizuoto.server.validation import parse_speech
+from mizuoto.server.validation import check_text, parse_speech
 
 _DONE = object()
 
@@ -53,9 +54,16 @@ class TextFeed:
             yield item
 
 
-async def _message(ws) -> dict:
+async def _message(ws, idle: float) -> dict:
+    """The next JSON message; a session silent for `idle` seconds is ended (it would hold the socket)."""
     try:
-        data = json.loads(await ws.receive_text())
+        raw = await asyncio.wait_for(ws.receive_text(), idle)
+    except asyncio.TimeoutError:
+        raise ApiError(408, f"the session sent nothing for {idle:g} s") from None
+    try:
+        data = json.loads(raw)
+    except RecursionError:
+        raise ApiError(400, "message is nested too deeply") from None
     except ValueError as e:
         raise ApiError(400, f"message is not valid JSON: {e}") from None
     if not isinstance(data, dict) or not isinstance(data.get("type"), str):
@@ -63,19 +71,24 @@ async def _message(ws) -> dict:
     return data
 
 
-async def _read_text(ws, state: ServerState, into: TextFeed | list) -> None:
+async def _next_text(ws, state: ServerState) -> str | None:
+    """The next input_text.append's text, or None at input_text.done."""
+    msg = await _message(ws, state.config.idle_timeout)
+    if msg["type"] == "input_text.done":
+        return None
+    if msg["type"] != "input_text.append":
+        raise ApiError(400, f"unknown message type {msg['type']!r}", "type")
+    text = msg.get("text")
+    if not isinstance(text, str):
+        raise ApiError(400, "input_text.append needs a string 'text'", "text")
+    check_text(text, "text")
+    return text
+
+
+async def _read_text(ws, state: ServerState, into: TextFeed | list, chars: int = 0) -> None:
     """Text messages until input_text.done, into a live feed (ended or cancelled here) or a list."""
-    chars = 0
     try:
-        while True:
-            msg = await _message(ws)
-            if msg["type"] == "input_text.done":
-                break
-            if msg["type"] != "input_text.append":
-                raise ApiError(400, f"unknown message type {msg['type']!r}", "type")
-            text = msg.get("text")
-            if not isinstance(text, str):
-                raise ApiError(400, "input_text.append needs a string 'text'", "text")
+        while (text := await _next_text(ws, state)) is not None:
             chars += len(text)
             if chars > state.config.max_input_chars:
                 raise ApiError(400, f"text exceeds {state.config.max_input_chars} characters", "text")
@@ -95,7 +108,8 @@ async def session(ws, state: ServerState) -> None:
     await ws.accept()
     feed, pull = TextFeed(), None
     try:
-        start = await _message(ws)
+        state.authorize(ws.headers.get("authorization"), admin=False)
+        start = await _message(ws, state.config.idle_timeout)
         if start["type"] != "session.start":
             raise ApiError(400, f"the first message must be session.start, got {start['type']!r}", "type")
         p = parse_speech({k: v for k, v in start.items() if k != "type"}, ("pcm",), state.config.max_input_chars,
@@ -103,15 +117,21 @@ async def session(ws, state: ServerState) -> None:
         if p.input is not None:
             raise ApiError(400, "send the text with input_text.append messages, not in session.start", "input")
         state.check_model(p.model)
-        reference = inline_reference(state, p)
         await asyncio.to_thread(state.ensure_loaded, p.model)
         caps = state.runtime.model(p.model).capabilities
         await ws.send_json({"type": "session.created", "model": p.model, "sample_rate": caps.sample_rate,
                             "format": "pcm16", "stream_in": caps.stream_in})
         total: list[str] = []
         if caps.stream_in:
-            pull = Pull(state, start_job(state, p, reference, True, feed), p.model, None)
-            reader = asyncio.ensure_future(_read_text(ws, state, feed))
+            # a session takes a job slot only once it has text to speak: idle sessions hold none
+            first = await _next_text(ws, state)
+            if first is None:
+                raise ApiError(400, "no text was sent", "text")
+            if len(first) > state.config.max_input_chars:
+                raise ApiError(400, f"text exceeds {state.config.max_input_chars} characters", "text")
+            feed.put(first)
+            pull = Pull(state, start_job(state, p, True, feed), p.model, None)
+            reader = asyncio.ensure_future(_read_text(ws, state, feed, len(first)))
             try:
                 while (chunk := await pull.next()) is not None:  # audio goes out while text still comes in
                     await ws.send_bytes(pcm16(chunk.samples))
@@ -127,7 +147,7 @@ async def session(ws, state: ServerState) -> None:
             whole_text = "".join(total)
             if not whole_text.strip():
                 raise ApiError(400, "no text was sent", "text")
-            pull = Pull(state, start_job(state, p, reference, True, whole_text), p.model, None)
+            pull = Pull(state, start_job(state, p, True, whole_text), p.model, None)
             while (chunk := await pull.next()) is not None:
                 await ws.send_bytes(pcm16(chunk.samples))
         await ws.send_json({"type": "speech.audio.done", "seconds": pull.samples / max(pull.rate, 1),
