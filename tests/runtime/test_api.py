@@ -112,7 +112,7 @@ def test_ambiguous_and_buggy_engines(tone_dir):
             rt.load(tone_dir)
         assert rt.load(tone_dir, engine="echo") == "tone"
         assert rt.info("tone").engine == "echo"
-        assert "crash (detect raised OSError: detect bug)" in rt._detect(tone_dir)[1]
+        assert "crash (detect raised OSError: detect bug)" in rt.registry.detect_report(tone_dir)[1]
     with Runtime(engines=[_Buggy], plugins=False) as rt:
         with pytest.raises(ModelLoadError, match="engine 'buggy' failed to load .*: KeyError: 'weights'"):
             rt.load(tone_dir)
