@@ -20,7 +20,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 import soundfile
 
 from mizuoto.runtime.api import Runtime

@@ -62,6 +62,7 @@ def _models_setup(p: argparse.ArgumentParser) -> Callable:
     def run(args: argparse.Namespace) -> int:
         from mizuoto.runtime.api import Runtime
 
+        options_from_args(args)  # a bad load option is a mistake even where nothing loads
         if not args.plan:
             rt = Runtime(ram=args.ram)
             for d in args.dirs:

@@ -152,3 +152,11 @@ def test_usage_errors_exit_2(capsys):
     assert e.value.code == 2
     with pytest.raises(SystemExit):
         main([])
+
+
+@pytest.mark.parametrize("argv", LOADING_COMMANDS, ids=lambda a: a[0])
+def test_a_bad_load_option_is_one_line_in_every_command(capsys, tmp_path, argv):
+    argv = [str(tmp_path / a) if a in ("m", "o.wav") else a for a in argv]
+    code, out, err = _run(capsys, *argv, "--option", "colour=red")
+    assert (code, out) == (1, "") and err.count("\n") == 1
+    assert err.startswith("mizuoto: error: unknown option 'colour'; known options: device, precision")
