@@ -84,12 +84,12 @@ def _load(rt: Runtime, model_dir: Path, options: LoadOptions, commands: _Command
     except MizuotoError as e:
         if not model_dir.is_dir():
             raise _fail(e, f"download a model (README: 'Get a model directory'), then run "
-                           f"{commands.demo(model='path/to/model')}") from None
+                           f"{commands.demo(model='path/to/model')}") from e
         if not rt.detect(model_dir):
             raise _fail(e, "point it at the folder that holds the model's own files (`mizuoto engines` lists the"
-                           " installed engines)") from None
+                           " installed engines)") from e
         raise _fail(e, f"download the complete model directory (README: 'Get a model directory'), then run "
-                       f"{commands.demo()}") from None
+                       f"{commands.demo()}") from e
 
 
 def _presets(rt: Runtime, name: str) -> list[str]:
@@ -137,13 +137,13 @@ def speak(args: argparse.Namespace) -> str:
     try:
         options = options_from_args(args)
     except MizuotoError as e:
-        raise _fail(e, f"leave the option out: {commands.demo(ref=args.ref_audio, ref_text=args.ref_text)}") from None
+        raise _fail(e, f"leave the option out: {commands.demo(ref=args.ref_audio, ref_text=args.ref_text)}") from e
     if args.ref_text is not None and args.ref_audio is None:
         raise DemoError(f"a reference transcript needs its clip; to fix: {commands.clone()}")
     try:
         given = Reference(args.ref_audio, args.ref_text) if args.ref_audio else None
     except MizuotoError as e:
-        raise _fail(e, commands.clone().replace("clip.wav", "path/to/existing-clip.wav")) from None
+        raise _fail(e, commands.clone().replace("clip.wav", "path/to/existing-clip.wav")) from e
     with Runtime() as rt:
         model_dir = args.model_dir if args.model_dir is not None else demo_voice(rt)
         name = _load(rt, model_dir, options, commands)
@@ -158,7 +158,7 @@ def speak(args: argparse.Namespace) -> str:
             request = _request(rt, name, args.text, voice)
         except MizuotoError as e:
             fix = commands.demo() if given is not None and presets else commands.clone()
-            raise _fail(e, fix) from None
+            raise _fail(e, fix) from e
         seconds, rate, _ = write_wav(out, rt.synthesize(name, request))
     variant = f" ({info.variant})" if info.variant else ""
     return (f"wrote {out.resolve()} ({seconds:.2f} s at {rate} Hz) with {model_dir}: engine {info.engine}{variant}"
