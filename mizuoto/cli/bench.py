@@ -20,7 +20,7 @@ import torch
 
 from mizuoto.errors import InvalidRequest, MizuotoError
 from mizuoto.runtime.bench import CPU_DEFAULTS, BenchDriver, BenchSettings, benchmark, format_table
-from mizuoto.runtime.options import LoadOptions, load_options, parse_options
+from mizuoto.runtime.options import LoadOptions, add_load_arguments, options_from_args
 
 
 # --- finding a driver --------------------------------------------------------------------------
@@ -87,9 +87,7 @@ def configure(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]
     p.add_argument("--warmup", type=int, help=f"runs before measuring "
                    f"(default {BenchSettings.warmup}; {CPU_DEFAULTS['warmup']} off CUDA)")
     p.add_argument("--stream", action="store_true", help="also time a streamed request (first-chunk latency)")
-    p.add_argument("--device", help="cpu, cuda, cuda:1 (default: auto)")
-    p.add_argument("--precision", help="fp32 or fp16")
-    p.add_argument("--option", action="append", metavar="KEY=VALUE", help="load option, e.g. compute.cuda_graphs=on")
+    add_load_arguments(p)
     p.add_argument("--bandwidth", type=float, help="the device's peak bandwidth in GB/s (overrides the lookup)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     return run_bench
@@ -104,7 +102,7 @@ def add_bench_command(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _options(args: argparse.Namespace) -> LoadOptions:
-    return parse_options(load_options(args)).resolved()
+    return options_from_args(args).resolved()
 
 
 def run_bench(args: argparse.Namespace) -> int:

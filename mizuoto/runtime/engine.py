@@ -284,19 +284,12 @@ class Model(abc.ABC):
 
     Engine code wraps each stage's work in `with self.use(stage_name) as device:` so the scheduler
     can bring that stage's modules onto the device first (a no-op when nothing is bound).
+    An engine sets `stages` and `capabilities` when it loads (attributes, or properties of its own).
     """
 
     _gate: Callable[[str], contextlib.AbstractContextManager] | None = None
-
-    @property
-    @abc.abstractmethod
-    def stages(self) -> tuple[Stage, ...]:
-        """The model's stages in the order a request runs through them."""
-
-    @property
-    @abc.abstractmethod
-    def capabilities(self) -> Capabilities:
-        """What this model can do."""
+    stages: tuple[Stage, ...]  # the model's stages in the order a request runs through them
+    capabilities: Capabilities  # what this model can do (may change, e.g. when a voice is added)
 
     def voices(self) -> list[Voice]:
         """Preset and cached voices."""

@@ -102,7 +102,7 @@ class CosyVoiceModel(Model):
         if self._audio_ok:
             front_modules = {"speech_tokenizer": self.frontend.speech_tokenizer, "campplus": self.frontend.campplus}
         fixed_hift = {"f0_predictor"} if variant.version == 3 and f0_device(device) != device else set()
-        self._stages = (
+        self.stages = (
             Stage("frontend", "frontend", front_modules, fixed={"campplus"} & set(front_modules)),
             Stage("llm", "sequence", {"llm": self.llm}, memory=lm_stage_memory(self.llm)),
             Stage("flow", "frames", {"flow": self.flow}, memory=frames_stage_memory(self.flow, self.sample_rate)),
@@ -110,7 +110,7 @@ class CosyVoiceModel(Model):
                   memory=frames_stage_memory(self.hift, self.sample_rate)),
         )
         # the bench runs token ids through the stages: a directory without the front end's files is fine there
-        self._caps = None if frontend_optional and not self._audio_ok else self._capabilities()
+        self.capabilities = None if frontend_optional and not self._audio_ok else self._capabilities()
 
     def _cuda_graphs(self, device: torch.device) -> dict[str, bool]:
         """The LM's `cuda_graphs` argument; when requested but impossible, log why once, here."""
@@ -121,14 +121,6 @@ class CosyVoiceModel(Model):
         why = None if self.options.compute.kv_cache == "static" else "it needs compute.kv_cache=static"
         return {"cuda_graphs": use_cuda_graphs(requested, device, "the LM", why)}
 
-    # -- contract ------------------------------------------------------------------------------
-    @property
-    def stages(self) -> tuple[Stage, ...]:
-        return self._stages
-
-    @property
-    def capabilities(self) -> Capabilities:
-        return self._caps
 
     def _capabilities(self) -> Capabilities:
         modes = set()
@@ -167,7 +159,7 @@ class CosyVoiceModel(Model):
             prompt = self.frontend.voice_prompt(ref_audio, ref_text)
         with self._voices_lock:
             self.cached[voice_id] = prompt
-        self._caps = self._capabilities()
+        self.capabilities = self._capabilities()
         return Voice(voice_id, "cached")
 
     def close(self) -> None:
