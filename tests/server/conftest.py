@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import io
 import json
@@ -83,9 +84,18 @@ def make_runtime(**budgets) -> Runtime:
     return rt
 
 
+# The admin key of every test server (unless a test configures its own): model and voice
+# administration is off on a server started without one.
+ADMIN_KEY = "test-admin-key"
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+
+
 def start_server(models: dict, config: ServerConfig | None = None, **runtime) -> ServerThread:
     """A started server; stop it with .stop()."""
-    return ServerThread(create_app(make_runtime(**runtime), config or ServerConfig(), models)).start()
+    config = config or ServerConfig()
+    if config.admin_key is None:
+        config = dataclasses.replace(config, admin_key=ADMIN_KEY)
+    return ServerThread(create_app(make_runtime(**runtime), config, models)).start()
 
 
 def cosyvoice2_fixture_dir() -> Path:
@@ -157,7 +167,7 @@ def server(served_dirs):
 @pytest.fixture
 def client(server):
     """An HTTP client of the shared server."""
-    with httpx.Client(base_url=server.url, timeout=60.0) as c:
+    with httpx.Client(base_url=server.url, timeout=60.0, headers=ADMIN) as c:
         yield c
 
 
@@ -231,7 +241,7 @@ def planned_memory(client: httpx.Client) -> dict:
 @pytest.fixture(scope="session")
 def h() -> SimpleNamespace:
     """The helpers above, for test modules (conftest is not importable under --import-mode=importlib)."""
-    return SimpleNamespace(read_audio=read_audio, wav_base64=wav_base64, tone_seconds=tone_seconds,
+    return SimpleNamespace(admin=ADMIN, read_audio=read_audio, wav_base64=wav_base64, tone_seconds=tone_seconds,
                            clip_base64=fixture_clip_base64, ref_text=REF_TEXT,
                            job_threads=job_threads, wait_idle=wait_idle, resident_bytes=resident_bytes,
                            planned_memory=planned_memory,

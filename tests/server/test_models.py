@@ -15,7 +15,7 @@ def budget_server(tmp_path, h):
         peak = max(rt.plan(rt.load(d, device="cpu")).peak for d in (a, b))
     config = ServerConfig(load_options={"device": "cpu"}, model_roots=(tmp_path,))
     s = h.start_server({"a": a}, config, ram=int(peak * 1.5))
-    with httpx.Client(base_url=s.url, timeout=30) as c:
+    with httpx.Client(base_url=s.url, timeout=30, headers=h.admin) as c:
         yield c, b
     s.stop()
 
@@ -71,7 +71,7 @@ def test_model_too_big_for_budget(tmp_path, h):
     a = h.write_model(tmp_path / "a")
     s = h.start_server({}, ServerConfig(load_options={"device": "cpu"}, model_roots=(tmp_path,)), ram=1024)
     try:
-        with httpx.Client(base_url=s.url, timeout=30) as c:
+        with httpx.Client(base_url=s.url, timeout=30, headers=h.admin) as c:
             r = c.post("/v1/models/load", json={"model": "a", "path": str(a)})
             assert r.status_code == 507 and "does not fit" in r.json()["error"]["message"]
             assert c.get("/health").status_code == 200
@@ -106,7 +106,7 @@ def test_real_engines_evict_each_other(served_dirs, client, h, cosy_expected):
     s = h.start_server({small: served_dirs[small], big: served_dirs[big]}, ServerConfig(load_options={"device": "cpu"}),
                        ram=peaks[big])
     try:
-        with httpx.Client(base_url=s.url, timeout=60) as c:
+        with httpx.Client(base_url=s.url, timeout=60, headers=h.admin) as c:
             assert _loaded(c) == {small: False, big: True}  # loading big at startup evicted small
             speak(c, small)
             assert _loaded(c) == {small: True, big: False}

@@ -29,7 +29,7 @@ def voices(server, oai, h):
     import httpx
 
     listed = {m.id: m for m in oai.models.list()}
-    with httpx.Client(base_url=server.url, timeout=60) as c:
+    with httpx.Client(base_url=server.url, timeout=60, headers=h.admin) as c:
         r = c.post("/v1/audio/voices", json={"id": VOICE, "audio": h.clip_base64(), "text": h.ref_text})
         assert r.status_code == 201, r.text
         yield {"piper": (listed["piper"].model_extra["voices"][0], {}), "cosy": (VOICE, {"seed": SEED})}
