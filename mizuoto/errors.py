@@ -27,3 +27,7 @@ class MemoryBudgetError(MizuotoError):
 
 class RequestCancelled(MizuotoError):
     """A running request was cancelled by its caller (it stops at the next stage call)."""
+
+
+class RequestTooLarge(MemoryBudgetError):
+    """One request needs more memory than the model's budget allows; refused before it starts."""

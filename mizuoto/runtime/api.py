@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from mizuoto.runtime.engine import (AudioChunk, Capabilities, Model, SynthesisRequest, Voice, check_request)
-from mizuoto.errors import InvalidRequest, MemoryBudgetError, MizuotoError, ModelLoadError
+from mizuoto.errors import InvalidRequest, MemoryBudgetError, MizuotoError, ModelLoadError, RequestTooLarge
 from mizuoto.runtime.memory import Eviction, Plan, Pool, detect_budget, measure, parse_bytes, plan_model
 from mizuoto.runtime.options import LoadOptions, parse_options
 from mizuoto.runtime.plugins import Registry, describe_error
@@ -296,7 +296,10 @@ class Runtime:
             raise InvalidRequest("pass either a SynthesisRequest or fields, not both")
         loaded = self._get(model)
         request = check_request(request, loaded.model, f"model {model}")
-        plan = self._plan_for(loaded, request)
+        try:
+            plan = self._plan_for(loaded, request)
+        except MemoryBudgetError as e:  # the model fits; this request's working memory does not
+            raise RequestTooLarge(f"request refused before it started: {e}") from None
         return self._stream(loaded, plan, request, cancel)
 
     def _stream(self, loaded: _Loaded, plan: Plan, request: SynthesisRequest,

@@ -363,3 +363,12 @@ def test_ready_answers_503_while_the_server_drains(h, tmp_path):
             _error(c.post("/v1/audio/speech", json=GOOD), 503, "shutting down")
     finally:
         server.stop()
+
+
+def test_a_request_whose_memory_exceeds_the_budget_is_refused_with_the_figure(hostile, h):
+    """One unpunctuated segment: the flow's attention grows with its square; past the budget it is a 413."""
+    _, client = hostile
+    body = {"model": "cosy", "input": "a" * 3000, "ref_audio": h.clip_base64(), "ref_text": h.ref_text}
+    error = _error(client.post("/v1/audio/speech", json=body), 413, "refused before it started", "flow")
+    assert "GiB" in error["message"] or "TiB" in error["message"], error
+    _healthy(client)

@@ -1,10 +1,17 @@
 """Working-memory formulas the CosyVoice stages declare to the planner.
 
 The LM's is its KV cache at upstream's cap (see lm_working_bytes). The flow and the vocoder work on
-whole segments of mel frames; their activations grow linearly with the segment's length. Their
-bounds below are estimates, not measurements: the widest activation of each (the flow's CFG
-batch of two through its estimator, HiFT's upsampled signal with its harmonic source) times the
-longest segment upstream's splitter makes, with a safety factor.
+whole segments of mel frames. Their activations grow linearly with the segment's length (the widest
+activation of each times the frames, with a safety factor), and the flow's attention adds a term
+quadratic in the frames (prompt and speech together): scores over every pair of frames, per head,
+for the CFG batch of two, times the live copies measured per attention kind (tests measure the
+fixture models' peaks against these figures).
+
+A request's segment length is bounded from its text: upstream's splitter cuts at sentence marks and
+merges up to 80 tokens, so no segment is longer than 80 tokens plus the longest run without a mark
+(characters bound tokens; digits read out as words can exceed that, so it is an estimate). An
+unpunctuated text is one segment: its flow attention grows with the square of its length, and a
+request past the budget is refused before it starts.
 """
 
 from __future__ import annotations
@@ -17,21 +24,42 @@ from mizuoto.engines.cosyvoice.llm import (LM_OVERHEAD_BYTES, MAX_TOKEN_TEXT_RAT
                                            QwenSpeechLM, TransformerSpeechLM)
 from mizuoto.runtime.engine import SynthesisRequest
 from mizuoto.nn.lm.qwen import QwenConfig
+from mizuoto.text.normalize.rules import EN_SPLIT_MARKS, ZH_SPLIT_MARKS
 
-# upstream's split_paragraph flushes past 80 tokens and merges tails under 20: a segment rarely
-# exceeds 100 text tokens; the LM speaks at most 20 speech tokens per text token.
+# upstream's split_paragraph flushes past 80 tokens and merges tails under 20: the planning bound is
+# a segment of 100 text tokens; the LM speaks at most 20 speech tokens per text token.
 SEGMENT_TEXT_TOKENS = 100
+SPLIT_FLUSH_TOKENS = 80
 MAX_SPEECH_TOKENS = 20 * SEGMENT_TEXT_TOKENS
 MEL_FRAMES_PER_TOKEN = 2
+# The flow's frames come from the tokens the LM actually speaks, ~4-8 per text token in upstream's
+# released models; the frames terms use 8 (the LM's KV bound keeps upstream's cap of 20).
+FLOW_TOKENS_PER_TEXT_TOKEN = 8
+PROMPT_MEL_FRAMES = MEL_FRAMES_PER_TOKEN * PROMPT_POSITIONS_CAP
 ACTIVATION_FACTOR = 16  # live activations per widest tensor (residuals, attention, CFG copies)
+# Live float copies of a (frames x frames) score matrix per head, by attention class: the U-Net's
+# repeats its mask per head and keeps scores and softmax (measured 14-22 on the v2 fixture, 900 to
+# 2,500 frames, 2026-12-01, tests/engines/cosyvoice/test_memory_peaks.py); the DiT's goes through
+# SDPA's fused kernel (measured under 1).
+ATTENTION_COPIES = {"mizuoto.nn.flow.unet1d.Attention": 24, "mizuoto.nn.transformer.dit.Attention": 2}
 FLOAT_BYTES = 4
+_MARKS = frozenset(ZH_SPLIT_MARKS | EN_SPLIT_MARKS)
+
+
+def longest_sentence(text: str) -> int:
+    """Characters of the longest run of `text` without a sentence mark."""
+    longest = run = 0
+    for ch in text:
+        run = 0 if ch in _MARKS else run + 1
+        longest = max(longest, run)
+    return longest
 
 
 def request_text_tokens(request: SynthesisRequest | None) -> int:
-    """Text tokens a request's longest segment may have (characters bound tokens from above)."""
+    """Text tokens a request's longest segment may have: the planning bound, or from the request's text."""
     if request is None or not isinstance(request.text, str):
         return SEGMENT_TEXT_TOKENS
-    return max(1, min(len(request.text), SEGMENT_TEXT_TOKENS))
+    return max(1, min(len(request.text), SPLIT_FLUSH_TOKENS + longest_sentence(request.text)))
 
 
 def lm_positions(text_tokens: int) -> int:
@@ -82,11 +110,28 @@ def _widest(module: nn.Module) -> int:
     return max(widths, default=1)
 
 
+def _attention(module: nn.Module) -> tuple[int, int]:
+    """(heads, live score copies) of the widest attention inside `module` (0, 0 when it has none)."""
+    found = [(int(m.heads), ATTENTION_COPIES[f"{type(m).__module__}.{type(m).__qualname__}"])
+             for m in module.modules() if f"{type(m).__module__}.{type(m).__qualname__}" in ATTENTION_COPIES]
+    return max(found, key=lambda hc: hc[0] * hc[1], default=(0, 0))
+
+
+def frames_working_bytes(width: int, heads: int, copies: int, frames: int) -> int:
+    """A frames stage on `frames` mel frames (CFG batch of two): linear activations + attention scores."""
+    return 2 * width * frames * FLOAT_BYTES * ACTIVATION_FACTOR + 2 * heads * copies * frames * frames * FLOAT_BYTES
+
+
+def segment_frames(text_tokens: int) -> int:
+    """Mel frames a segment of `text_tokens` makes with the longest prompt the LM bound allows."""
+    return MEL_FRAMES_PER_TOKEN * FLOW_TOKENS_PER_TEXT_TOKEN * text_tokens + PROMPT_MEL_FRAMES
+
+
 def frames_stage_memory(module: nn.Module, sample_rate: int) -> Callable[[SynthesisRequest | None], int]:
-    """A frames stage's formula: widest activation x mel frames of the longest segment x factor."""
+    """A frames stage's formula over the longest segment's frames (see frames_working_bytes)."""
     width = _widest(module)
+    heads, copies = _attention(module)
 
     def memory(request: SynthesisRequest | None) -> int:
-        frames = MEL_FRAMES_PER_TOKEN * 20 * request_text_tokens(request)
-        return 2 * width * frames * FLOAT_BYTES * ACTIVATION_FACTOR
+        return frames_working_bytes(width, heads, copies, segment_frames(request_text_tokens(request)))
     return memory

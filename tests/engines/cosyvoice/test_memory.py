@@ -12,7 +12,8 @@ import json
 
 from torch import nn
 
-from mizuoto.engines.cosyvoice.memory import (ACTIVATION_FACTOR, MEL_FRAMES_PER_TOKEN, SEGMENT_TEXT_TOKENS,
+from mizuoto.engines.cosyvoice.memory import (ACTIVATION_FACTOR, ATTENTION_COPIES, FLOW_TOKENS_PER_TEXT_TOKEN,
+                                              MEL_FRAMES_PER_TOKEN, SEGMENT_TEXT_TOKENS,
                                               qwen_lm_working_bytes, transformer_lm_working_bytes)
 from mizuoto.runtime.engine import Reference, SynthesisRequest
 from mizuoto.runtime.hyperyaml import load_hyperyaml
@@ -55,9 +56,20 @@ def test_fixture_stages_declare_the_formulas(runtime, variant_dir, clip):
     assert stages["llm"].working_memory(request) == _hand_lm_bytes(variant_dir, len(text))
     for name in ("flow", "hift"):
         width = max(_widest(m) for m in stages[name].modules.values())
-        frames = MEL_FRAMES_PER_TOKEN * 20 * SEGMENT_TEXT_TOKENS
-        assert stages[name].working_memory(None) == 2 * width * frames * F32 * ACTIVATION_FACTOR
+        heads, copies = max(((m.heads, c) for mod in stages[name].modules.values() for m in mod.modules()
+                             for k, c in ATTENTION_COPIES.items() if f"{type(m).__module__}.{type(m).__qualname__}" == k),
+                            key=lambda hc: hc[0] * hc[1], default=(0, 0))
+        assert (heads > 0) == (name == "flow")  # the flow attends over its frames; HiFT does not
+        frames = MEL_FRAMES_PER_TOKEN * FLOW_TOKENS_PER_TEXT_TOKEN * SEGMENT_TEXT_TOKENS + 2 * 300
+        want = 2 * width * frames * F32 * ACTIVATION_FACTOR + 2 * heads * copies * frames * frames * F32
+        assert stages[name].working_memory(None) == want
         assert stages[name].working_memory(request) < stages[name].working_memory(None)
+    # an unpunctuated text is one segment: the flow's figure grows with the square of its length
+    one = SynthesisRequest("a" * 400, voice=Reference(str(clip)))
+    two = SynthesisRequest("a" * 800, voice=Reference(str(clip)))
+    assert stages["flow"].working_memory(two) > 3 * stages["flow"].working_memory(one)
+    punctuated = SynthesisRequest("Hello there. " * 60, voice=Reference(str(clip)))
+    assert stages["flow"].working_memory(punctuated) < stages["flow"].working_memory(one)
 
 
 def test_released_cosyvoice2_and_3_lm():
