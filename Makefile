@@ -8,7 +8,7 @@ TORCH := torch==2.13.0
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: demo test clean
+.PHONY: demo test clean browser
 
 $(STAMP): pyproject.toml Makefile $(wildcard plugins/*/pyproject.toml)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,7 +25,14 @@ $(TEST_STAMP): $(STAMP) $(wildcard tests/plugins/*/pyproject.toml)
 demo: $(STAMP)
 	$(PY) -m mizuoto.demo $(MODEL)
 
-test: $(TEST_STAMP)
+# The web page's tests drive Debian's Chromium and ChromeDriver: installed here when missing (as root;
+# about 80 s on a fresh machine), a no-op when present.
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
+	  [ "$$(id -u)" = 0 ] || { echo "make test needs: apt-get install -y chromium chromium-driver (as root)" >&2; exit 1; }; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; }
+
+test: $(TEST_STAMP) browser
 	$(PY) -m pytest -q
 
 clean:
