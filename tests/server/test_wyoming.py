@@ -263,3 +263,18 @@ def test_bad_flags_are_one_line_errors(served_dirs, tmp_path, capsys):
         assert main(["wyoming", *argv]) == 1, argv
         err = capsys.readouterr().err
         assert words in err and err.count("\n") == 1, err
+
+
+def test_needs_only_its_extra():
+    """Without the wyoming package the command says which extra to install; it needs no HTTP stack."""
+    import subprocess
+
+    code = ("import sys; sys.modules['wyoming'] = None\n"
+            "from mizuoto.cli.main import main\n"
+            "sys.exit(main(['wyoming', '-m', '.']))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 1 and "needs the wyoming extra: pip install 'mizuoto[wyoming]'" in r.stderr, r.stderr
+    code = ("import sys; sys.modules['starlette'] = None; sys.modules['uvicorn'] = None\n"
+            "import mizuoto.server.wyoming\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
