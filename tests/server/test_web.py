@@ -106,3 +106,35 @@ def test_the_package_ships_the_page():
     files = sorted(p.relative_to(WEB_DIR.parent).as_posix() for p in WEB_DIR.rglob("*") if p.is_file())
     assert {"web/index.html", "web/app.js", "web/style.css"} <= set(files)
     assert all(any(Path(f).match(g) for g in globs) for f in files), (files, globs)
+
+
+def test_save_a_clip_as_a_voice_and_speak_with_it(browser, server, h, tmp_path):
+    """CosyVoice 2 through the page: upload the fixture clip and its transcript, save it, speak with it."""
+    import base64
+
+    clip = tmp_path / "clip.wav"
+    clip.write_bytes(base64.b64decode(h.clip_base64()))
+    _open(browser, server)
+    Select(browser.find_element(By.ID, "model")).select_by_value("cosy")
+    WebDriverWait(browser, WAIT).until(lambda d: "cosyvoice" in d.find_element(By.ID, "model-info").text)
+    browser.find_element(By.CSS_SELECTOR, "#clone summary").click()
+    browser.find_element(By.ID, "ref-file").send_keys(str(clip))
+    browser.find_element(By.ID, "ref-text").send_keys(h.ref_text)
+    browser.find_element(By.ID, "voice-id").send_keys("web-test-voice")
+    try:
+        browser.find_element(By.ID, "save-voice").click()
+        WebDriverWait(browser, WAIT).until(lambda d: d.find_element(By.ID, "status").text == "saved voice web-test-voice"
+                                           or d.find_element(By.ID, "error").is_displayed())
+        assert not browser.find_element(By.ID, "error").is_displayed(), browser.find_element(By.ID, "error").text
+        assert Select(browser.find_element(By.ID, "voice")).first_selected_option.get_attribute("value") \
+            == "web-test-voice"
+        browser.find_element(By.ID, "seed").send_keys("5")
+        text = browser.find_element(By.ID, "text")
+        text.clear()
+        text.send_keys("A saved voice speaks in the browser.")
+        browser.find_element(By.ID, "speak").click()
+        assert _settled(browser) == "done", browser.find_element(By.ID, "error").text
+        stats = browser.execute_script("return window.mizuotoStats")
+        assert stats["rate"] == 24000 and stats["seconds"] > 0 and stats["rms"] > 0, stats
+    finally:
+        httpx.delete(server.url + "/v1/audio/voices/web-test-voice", timeout=10)
