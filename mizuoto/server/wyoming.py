@@ -27,7 +27,7 @@ from wyoming.info import Attribution, Describe, Info, TtsProgram, TtsVoice
 from wyoming.server import AsyncEventHandler, AsyncServer
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped, SynthesizeVoice
 
-from mizuoto.errors import InvalidRequest
+from mizuoto.errors import InvalidRequest, MizuotoError
 from mizuoto.server.errors import ApiError, from_exception
 from mizuoto.server.speech import ClientGone, Pull, start_job
 from mizuoto.server.state import ServerState
@@ -36,7 +36,7 @@ from mizuoto.server.websocket import TextFeed
 
 log = logging.getLogger("mizuoto.wyoming")
 SAMPLES_PER_CHUNK = 1024  # as wyoming-piper: small audio-chunk events keep a player's buffer short
-_ATTRIBUTION = Attribution(name="Mizuoto", url="https://github.com/mizuoto/mizuoto")
+_ATTRIBUTION = Attribution(name="Mizuoto", url="")
 _CLONES = frozenset({"clone", "cross_lingual", "instruct"})
 
 
@@ -74,8 +74,11 @@ class WyomingService:
         """Every served model's voices: its presets, then the uploaded voices if it can clone."""
         state = self.state
         for model in state.loaded():
-            info, caps = state.runtime.info(model), state.runtime.model(model).capabilities
-            ids = [v.id for v in state.runtime.voices(model)]
+            try:
+                info, caps = state.runtime.info(model), state.runtime.model(model).capabilities
+                ids = [v.id for v in state.runtime.voices(model)]
+            except MizuotoError:  # evicted or unloaded meanwhile: keep what was last seen
+                continue
             if caps.modes & _CLONES:
                 ids += [v for v in state.voices if v not in ids]
             self._known[model] = [VoiceEntry(f"{model}/{v}", model, v, info.engine, caps.languages) for v in ids]
