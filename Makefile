@@ -8,12 +8,12 @@ TORCH := torch==2.13.0
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: demo test clean
+.PHONY: demo test clean browser
 
 $(STAMP): pyproject.toml Makefile $(wildcard plugins/*/pyproject.toml)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q $(TORCH)
-	$(PIP) install -q -e '.[test,server]'
+	$(PIP) install -q -e '.[test,server,wyoming]'
 	for p in plugins/*/; do [ -f $$p/pyproject.toml ] && $(PIP) install -q -e $$p || exit 1; done
 	touch $(STAMP)
 
@@ -30,7 +30,14 @@ demo: $(STAMP)
 		$(if $(REF_TEXT),--ref-text $(call quoted,REF_TEXT)) $(if $(DEVICE),--device $(call quoted,DEVICE)) \
 		$(if $(DEBUG),--debug)
 
-test: $(TEST_STAMP)
+# The web page's tests drive Debian's Chromium and ChromeDriver: installed here when missing (as root;
+# about 80 s on a fresh machine), a no-op when present.
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
+	  [ "$$(id -u)" = 0 ] || { echo "make test needs: apt-get install -y chromium chromium-driver (as root)" >&2; exit 1; }; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; }
+
+test: $(TEST_STAMP) browser
 	$(PY) -m pytest -q
 
 clean:

@@ -179,6 +179,14 @@ def _serve_setup(p: argparse.ArgumentParser) -> Callable:
     return run_serve
 
 
+@command("wyoming", "run a Wyoming server for Home Assistant's voice pipeline (needs mizuoto[wyoming])")
+def _wyoming_setup(p: argparse.ArgumentParser) -> Callable:
+    from mizuoto.cli.wyoming import add_wyoming_arguments, run_wyoming
+
+    add_wyoming_arguments(p)
+    return run_wyoming
+
+
 @command("bench", "time each stage of a model on a fixed request (LM, flow, vocoder; --random builds one)")
 def _bench_setup(p: argparse.ArgumentParser) -> Callable:
     from mizuoto.cli.bench import configure

@@ -13,9 +13,9 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from starlette.routing import Route, WebSocketRoute
+from starlette.routing import Mount, Route, WebSocketRoute
 
-from mizuoto.server import speech, voices, websocket
+from mizuoto.server import page, speech, voices, websocket
 from mizuoto.server.errors import ApiError, from_exception
 from mizuoto.server.malloc import tune_malloc
 from mizuoto.server.state import ServerConfig, ServerState
@@ -253,6 +253,8 @@ def create_app(runtime: Any, config: ServerConfig | None = None, models: dict[st
         Route("/ready", _ready, methods=["GET"]),
         Route("/metrics", _metrics, methods=["GET"]),
         WebSocketRoute("/v1/audio/speech/stream", _ws),
+        Route("/", page.index, methods=["GET"]),
+        Mount("/web", page.static_files()),
     ]
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={HTTPException: _http_error, Exception: _internal_error})

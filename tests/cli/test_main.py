@@ -127,7 +127,7 @@ def test_models_plan_for_a_missing_gpu_needs_a_budget(capsys, tone_dir):
 
 
 # Each command that loads models, with the arguments it needs beside the load options.
-LOADING_COMMANDS = [["say", "hi", "-m", "m", "-o", "o.wav"], ["models", "m"], ["serve"], ["bench", "m"]]
+LOADING_COMMANDS = [["say", "hi", "-m", "m", "-o", "o.wav"], ["models", "m"], ["serve"], ["bench", "m"], ["wyoming"]]
 
 
 @pytest.mark.parametrize("argv", LOADING_COMMANDS, ids=lambda a: a[0])

@@ -1,0 +1,233 @@
+// The try-a-voice page of `mizuoto serve`: plain browser APIs (fetch streams, Web Audio), no build step.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const CLONING = ["clone", "cross_lingual", "instruct"];
+const page = { models: [], ctx: null, analyser: null, sources: [], playAt: 0, abort: null, monitor: null };
+// The last synthesis, for the curious (in the console) and for the browser test.
+window.mizuotoStats = null;
+
+async function errorText(response) {
+  try {
+    const body = await response.json();
+    if (body && body.error && body.error.message) return body.error.message;
+  } catch (e) { /* not JSON: fall through */ }
+  return `${response.status} ${response.statusText}`;
+}
+
+async function getJson(path, options) {
+  const response = await fetch(path, options);
+  if (!response.ok) throw new Error(await errorText(response));
+  return response.json();
+}
+
+function showError(message) {
+  $("error").textContent = message || "";
+  $("error").hidden = !message;
+}
+
+function setStatus(text) { $("status").textContent = text; }
+
+function currentModel() { return page.models.find((m) => m.id === $("model").value); }
+
+async function loadModels() {
+  page.models = (await getJson("/v1/models")).data;
+  $("model").replaceChildren(...page.models.map(
+    (m) => new Option(m.loaded ? `${m.id} (${m.engine})` : `${m.id} (not loaded)`, m.id)));
+  await loadVoices();
+}
+
+async function loadVoices(select) {
+  const model = currentModel();
+  if (!model) { $("voice").replaceChildren(); return; }
+  const clones = (model.modes || []).some((m) => CLONING.includes(m));
+  const voices = (await getJson(`/v1/audio/voices?model=${encodeURIComponent(model.id)}`)).data
+    .filter((v) => v.model === model.id || (clones && v.kind === "uploaded"));
+  const options = voices.map((v) => new Option(v.kind === "uploaded" ? `${v.id} (saved)` : v.id, v.id));
+  if (!options.length) options.push(new Option(clones ? "(choose a reference clip below)" : "(default)", ""));
+  $("voice").replaceChildren(...options);
+  if (select) $("voice").value = select;
+  $("model-info").textContent = model.loaded
+    ? `${model.engine}${model.variant ? " " + model.variant : ""}, ${model.sample_rate} Hz; modes: ${model.modes.join(", ")}`
+    : "not loaded now: it loads on first use";
+  $("clone").hidden = model.loaded && !clones;
+}
+
+function readDataUrl(file) {
+  return new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(reader.result);
+    reader.onerror = () => reject(reader.error);
+    reader.readAsDataURL(file);
+  });
+}
+
+function audioContext() {
+  if (!page.ctx) {
+    page.ctx = new AudioContext();
+    page.analyser = page.ctx.createAnalyser();
+    page.analyser.fftSize = 2048;
+    page.analyser.connect(page.ctx.destination);
+  }
+  page.ctx.resume();
+  return page.ctx;
+}
+
+function schedule(samples, rate) {
+  const ctx = page.ctx;
+  const buffer = ctx.createBuffer(1, samples.length, rate);
+  buffer.copyToChannel(samples, 0);
+  const source = ctx.createBufferSource();
+  source.buffer = buffer;
+  source.connect(page.analyser);
+  // A little lead on the first piece, then back to back: gapless while the stream keeps ahead.
+  const at = Math.max(ctx.currentTime + 0.05, page.playAt);
+  source.start(at);
+  page.playAt = at + buffer.duration;
+  page.sources.push(source);
+}
+
+// Watches what actually plays (the analyser sits between the sources and the speakers).
+function watchPlayback(stats, finished) {
+  const frame = new Float32Array(page.analyser.fftSize);
+  stats.playedPeak = 0;
+  clearInterval(page.monitor);
+  page.monitor = setInterval(() => {
+    page.analyser.getFloatTimeDomainData(frame);
+    for (const x of frame) stats.playedPeak = Math.max(stats.playedPeak, Math.abs(x));
+    if (stats.received && page.ctx.currentTime > page.playAt + 0.1) {
+      clearInterval(page.monitor);
+      finished();
+    }
+  }, 20);
+}
+
+function stopPlayback() {
+  if (page.abort) page.abort.abort();
+  for (const s of page.sources) { try { s.stop(); } catch (e) { /* not started */ } }
+  page.sources = [];
+  clearInterval(page.monitor);
+  if (page.ctx) page.playAt = page.ctx.currentTime;
+}
+
+function wavBlob(parts, rate) {
+  const size = parts.reduce((n, p) => n + p.length, 0);
+  const header = new DataView(new ArrayBuffer(44));
+  const text = (at, s) => [...s].forEach((c, i) => header.setUint8(at + i, c.charCodeAt(0)));
+  text(0, "RIFF"); header.setUint32(4, 36 + size, true); text(8, "WAVEfmt ");
+  header.setUint32(16, 16, true); header.setUint16(20, 1, true); header.setUint16(22, 1, true);
+  header.setUint32(24, rate, true); header.setUint32(28, rate * 2, true); header.setUint16(32, 2, true);
+  header.setUint16(34, 16, true); text(36, "data"); header.setUint32(40, size, true);
+  return new Blob([header, ...parts], { type: "audio/wav" });
+}
+
+async function requestBody() {
+  const body = { model: $("model").value, input: $("text").value, stream_format: "audio", response_format: "pcm" };
+  const file = $("ref-file").files[0];
+  if (file) {
+    body.ref_audio = await readDataUrl(file);
+    if ($("ref-text").value.trim()) body.ref_text = $("ref-text").value.trim();
+  } else if ($("voice").value) {
+    body.voice = $("voice").value;
+  }
+  if ($("speed").value !== "" && Number($("speed").value) !== 1) body.speed = Number($("speed").value);
+  if ($("seed").value !== "") body.seed = Number($("seed").value);
+  return body;
+}
+
+function setBusy(busy) {
+  $("speak").disabled = busy;
+  $("stop").disabled = !busy;
+}
+
+async function speak(event) {
+  event.preventDefault();
+  showError("");
+  stopPlayback();
+  for (const id of ["first-chunk", "rtf", "audio-seconds", "chunks"]) $(id).textContent = "-";
+  $("download").hidden = true;
+  const ctx = audioContext();
+  const stats = { firstChunkMs: null, rtf: null, seconds: 0, chunks: 0, rate: 0, rms: 0, received: false };
+  window.mizuotoStats = stats;
+  const controller = new AbortController();
+  page.abort = controller;
+  setBusy(true);
+  setStatus("requesting...");
+  let sumSquares = 0, samples = 0, carry = null;
+  const parts = [];
+  try {
+    const body = await requestBody();
+    const started = performance.now();
+    const response = await fetch("/v1/audio/speech", {
+      method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
+      signal: controller.signal,
+    });
+    if (!response.ok) throw new Error(await errorText(response));
+    stats.rate = parseInt(response.headers.get("X-Sample-Rate"), 10);
+    const reader = response.body.getReader();
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done) break;
+      let bytes = value;
+      if (carry) { bytes = new Uint8Array([...carry, ...value]); carry = null; }
+      if (bytes.length % 2) { carry = bytes.slice(-1); bytes = bytes.slice(0, -1); }
+      if (!bytes.length) continue;
+      if (stats.firstChunkMs === null) {
+        stats.firstChunkMs = performance.now() - started;
+        $("first-chunk").textContent = `${stats.firstChunkMs.toFixed(0)} ms`;
+        setStatus("streaming...");
+        watchPlayback(stats, () => { setStatus("done"); setBusy(false); });
+      }
+      const pcm = new Int16Array(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.length));
+      const floats = Float32Array.from(pcm, (x) => x / 32768);
+      for (const x of floats) sumSquares += x * x;
+      samples += floats.length;
+      parts.push(new Uint8Array(pcm.buffer));
+      schedule(floats, stats.rate);
+      stats.chunks += 1;
+      $("chunks").textContent = String(stats.chunks);
+    }
+    if (!samples) throw new Error("the server sent no audio");
+    stats.seconds = samples / stats.rate;
+    stats.rtf = (performance.now() - started) / 1000 / stats.seconds;
+    stats.rms = Math.sqrt(sumSquares / samples);
+    stats.received = true;
+    $("rtf").textContent = `${stats.rtf.toFixed(3)} (${stats.rtf < 1 ? "faster" : "slower"} than real time)`;
+    $("audio-seconds").textContent = `${stats.seconds.toFixed(2)} s at ${stats.rate} Hz`;
+    $("download-link").href = URL.createObjectURL(wavBlob(parts, stats.rate));
+    $("download").hidden = false;
+    setStatus("playing...");
+  } catch (e) {
+    clearInterval(page.monitor);
+    setBusy(false);
+    if (e.name === "AbortError") { setStatus("stopped"); return; }
+    setStatus("failed");
+    showError(e.message);
+  }
+}
+
+async function saveVoice() {
+  showError("");
+  const file = $("ref-file").files[0];
+  if (!file) { showError("choose a reference clip to save first"); return; }
+  const form = new FormData();
+  form.append("id", $("voice-id").value.trim());
+  if ($("ref-text").value.trim()) form.append("text", $("ref-text").value.trim());
+  form.append("file", file);
+  try {
+    const voice = await getJson("/v1/audio/voices", { method: "POST", body: form });
+    $("ref-file").value = "";
+    await loadVoices(voice.id);
+    setStatus(`saved voice ${voice.id}`);
+  } catch (e) {
+    showError(e.message);
+  }
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("speak-form").addEventListener("submit", speak);
+  $("stop").addEventListener("click", () => { stopPlayback(); setBusy(false); setStatus("stopped"); });
+  $("model").addEventListener("change", () => loadVoices().catch((e) => showError(e.message)));
+  $("save-voice").addEventListener("click", saveVoice);
+  loadModels().then(() => setStatus("ready")).catch((e) => showError(`could not list the models: ${e.message}`));
+});

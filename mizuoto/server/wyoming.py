@@ -1,0 +1,343 @@
+"""Wyoming server (Home Assistant's voice protocol) over the Runtime, on the `wyoming` package.
+
+Events handled:
+  describe                                   -> info: every served model's voices (tts program "mizuoto")
+  synthesize                                 -> audio-start, audio-chunk..., audio-stop
+  synthesize-start, synthesize-chunk..., synthesize-stop
+                                             -> audio-start, audio-chunk... as made, audio-stop, synthesize-stopped
+A model that takes text in pieces (CosyVoice 2/3: the LM reads tokens as they arrive; Piper:
+sentence by sentence) starts speaking before synthesize-stop; others speak once it arrives.
+Every failure is an `error` event; the connection stays open for the next request.
+
+Jobs, limits, deadlines and uploaded voices are the HTTP server's (ServerState), so both front
+ends behave alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from wyoming.audio import AudioChunk, AudioStart, AudioStop
+from wyoming.error import Error
+from wyoming.event import Event
+from wyoming.info import Attribution, Describe, Info, TtsProgram, TtsVoice
+from wyoming.server import AsyncEventHandler, AsyncServer
+from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped, SynthesizeVoice
+
+from mizuoto.errors import InvalidRequest, MizuotoError
+from mizuoto.server.errors import ApiError, from_exception
+from mizuoto.server.speech import ClientGone, Pull, start_job
+from mizuoto.server.state import ServerState
+from mizuoto.server.validation import SpeechParams, parse_speech
+from mizuoto.server.websocket import TextFeed
+
+log = logging.getLogger("mizuoto.wyoming")
+SAMPLES_PER_CHUNK = 1024  # as wyoming-piper: small audio-chunk events keep a player's buffer short
+_ATTRIBUTION = Attribution(name="Mizuoto", url="")
+_CLONES = frozenset({"clone", "cross_lingual", "instruct"})
+
+
+@dataclass(frozen=True)
+class VoiceEntry:
+    """One voice offered over Wyoming: `model/voice`, spoken by a served model."""
+
+    name: str
+    model: str
+    voice: str
+    engine: str
+    languages: tuple[str, ...]
+
+    def wyoming(self) -> TtsVoice:
+        """The voice as the info event lists it."""
+        return TtsVoice(name=self.name, attribution=_ATTRIBUTION, installed=True, version=None,
+                        description=f"{self.voice} ({self.engine} engine, model {self.model})",
+                        languages=list(self.languages))
+
+
+class WyomingService:
+    """What every connection shares: the server state and the seed given to each request."""
+
+    def __init__(self, state: ServerState, seed: int | None = None):
+        self.state = state
+        self.seed = seed
+        self._known: dict[str, list[VoiceEntry]] = {}  # last seen voices of each model, kept while it is evicted
+
+    def load_all(self) -> None:
+        """Load every catalogue model (at start, so the first request does not wait)."""
+        for name in list(self.state.catalogue):
+            self.state.ensure_loaded(name)
+
+    def voices(self) -> list[VoiceEntry]:
+        """Every served model's voices: its presets, then the uploaded voices if it can clone."""
+        state = self.state
+        for model in state.loaded():
+            try:
+                info, caps = state.runtime.info(model), state.runtime.model(model).capabilities
+                ids = [v.id for v in state.runtime.voices(model)]
+            except MizuotoError:  # evicted or unloaded meanwhile: keep what was last seen
+                continue
+            if caps.modes & _CLONES:
+                ids += [v for v in state.voices if v not in ids]
+            self._known[model] = [VoiceEntry(f"{model}/{v}", model, v, info.engine, caps.languages) for v in ids]
+        return [v for model in state.catalogue for v in self._known.get(model, [])] + \
+               [v for model, entries in self._known.items() if model not in state.catalogue for v in entries]
+
+    def info(self) -> Info:
+        """The answer to describe."""
+        program = TtsProgram(name="mizuoto", attribution=_ATTRIBUTION, installed=True, version=_version(),
+                             description="Mizuoto speech runtime", voices=[v.wyoming() for v in self.voices()],
+                             supports_synthesize_streaming=True)
+        return Info(tts=[program])
+
+    def resolve(self, wanted: SynthesizeVoice | None) -> VoiceEntry:
+        """The voice a request names: `model/voice`, a model (with an optional speaker), a language, or the default."""
+        voices = self.voices()
+        if not voices:
+            raise ApiError(400, "no voice is served: models without preset voices need --voice ID=CLIP")
+        if wanted is None or (wanted.name is None and wanted.language is None):
+            return voices[0]
+        if wanted.name is not None:
+            name = wanted.name if wanted.speaker is None or "/" in wanted.name else f"{wanted.name}/{wanted.speaker}"
+            for v in voices:
+                if v.name == name or (v.model == name and "/" not in name):
+                    return v
+            raise ApiError(400, f"unknown voice {name!r}; served voices: {', '.join(v.name for v in voices)}")
+        for v in voices:
+            if any(_base(x) == _base(wanted.language) for x in v.languages):
+                return v
+        raise ApiError(400, f"no served voice speaks language {wanted.language!r}")
+
+    def params(self, voice: VoiceEntry) -> SpeechParams:
+        """Checked request fields for a voice (the text goes separately)."""
+        data: dict[str, Any] = {"model": voice.model, "voice": voice.voice}
+        if self.seed is not None:
+            data["seed"] = self.seed
+        return parse_speech(data, ("pcm",), self.state.config.max_input_chars, need_input=False,
+                            default_format="pcm")
+
+    def check_text(self, text: Any, so_far: int = 0) -> str:
+        """The text of a request or chunk, refused when it is not a string or past the length limit."""
+        if not isinstance(text, str):
+            raise ApiError(400, f"text must be a string, got {type(text).__name__}")
+        limit = self.state.config.max_input_chars
+        if so_far + len(text) > limit:
+            raise ApiError(400, f"text has {so_far + len(text)} characters; the limit is {limit}")
+        return text
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("mizuoto")
+    except PackageNotFoundError:
+        return "dev"
+
+
+def _base(language: str) -> str:
+    """`en` for en, en_US, en-GB: Home Assistant and the engines name languages differently."""
+    return language.lower().replace("-", "_").split("_")[0]
+
+
+def _data(event: Event) -> dict:
+    return event.data if isinstance(event.data, dict) else {}
+
+
+def _text_of(event: Event) -> Any:
+    return _data(event).get("text")
+
+
+def _voice_of(event: Event) -> SynthesizeVoice | None:
+    voice = _data(event).get("voice") or {}
+    if not isinstance(voice, dict) or not all(isinstance(v, str) for v in voice.values()):
+        raise ApiError(400, "voice must be an object of strings: {\"name\": ..., \"speaker\": ..., \"language\": ...}")
+    return SynthesizeVoice.from_dict(voice)
+
+
+class _Stream:
+    """One synthesize-start ... synthesize-stop: text goes into the job as it arrives, audio out as it is made."""
+
+    def __init__(self, handler: WyomingHandler, voice: VoiceEntry, params: SpeechParams, stream_in: bool):
+        self.handler, self.voice, self.params, self.stream_in = handler, voice, params, stream_in
+        self.feed = TextFeed()
+        self.pieces: list[str] = []
+        self.chars = 0
+        self.pump: asyncio.Task | None = None
+        if stream_in:
+            self.pump = asyncio.ensure_future(handler.speak(params, self.feed))
+
+    def add(self, text: str) -> None:
+        """Take one synthesize-chunk."""
+        self.chars += len(self.handler.service.check_text(text, self.chars))
+        (self.feed.put if self.stream_in else self.pieces.append)(text)
+
+    async def finish(self) -> bool:
+        """Speak what is left; True when every chunk of audio went out."""
+        if self.stream_in:
+            self.feed.done()
+            return await self.pump
+        text = "".join(self.pieces)
+        if not text.strip():
+            raise ApiError(400, "no text was sent between synthesize-start and synthesize-stop")
+        return await self.handler.speak(self.params, text)
+
+    def cancel(self) -> None:
+        """Stop the job (error, disconnect)."""
+        self.feed.cancel()
+        if self.pump is not None and not self.pump.done():
+            self.pump.cancel()
+
+
+class WyomingHandler(AsyncEventHandler):
+    """One client connection."""
+
+    def __init__(self, service: WyomingService, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        super().__init__(reader, writer)
+        self.service = service
+        self.stream: _Stream | None = None
+        self.dropping = False  # a stream failed: ignore its remaining chunks until its stop
+
+    async def handle_event(self, event: Event) -> bool:
+        """Answer one event; failures become error events and the connection stays open."""
+        try:
+            await self._handle(event)
+        except (ConnectionError, ClientGone):
+            return False
+        except Exception as e:
+            await self.report(e)
+        return True
+
+    async def _handle(self, event: Event) -> None:
+        service = self.service
+        if Describe.is_type(event.type):
+            await self.write_event(service.info().event())
+        elif Synthesize.is_type(event.type):
+            if self.stream is not None or self.dropping:
+                return  # clients send the whole text again inside a stream, for servers that cannot stream
+            voice = service.resolve(_voice_of(event))
+            text = service.check_text(_text_of(event))
+            if not text.strip():
+                raise ApiError(400, "the text to speak is empty")
+            await self.speak(service.params(voice), text)
+        elif SynthesizeStart.is_type(event.type):
+            self._drop_stream()
+            self.dropping = True  # until the stream is open: a bad start drops what follows it
+            voice = service.resolve(_voice_of(event))
+            params = service.params(voice)
+            await asyncio.to_thread(service.state.ensure_loaded, voice.model)
+            stream_in = service.state.runtime.model(voice.model).capabilities.stream_in
+            self.stream, self.dropping = _Stream(self, voice, params, stream_in), False
+        elif SynthesizeChunk.is_type(event.type):
+            if self.dropping:
+                return
+            if self.stream is None:
+                raise ApiError(400, "synthesize-chunk outside a stream: send synthesize-start first")
+            try:
+                self.stream.add(_text_of(event))
+            except BaseException:
+                self._drop_stream(failed=True)
+                raise
+        elif SynthesizeStop.is_type(event.type):
+            if self.dropping:
+                self.dropping = False
+                return
+            if self.stream is None:
+                raise ApiError(400, "synthesize-stop outside a stream: send synthesize-start first")
+            stream, self.stream = self.stream, None
+            try:
+                complete = await stream.finish()
+            finally:
+                stream.cancel()
+            if complete:
+                await self.write_event(SynthesizeStopped().event())
+        else:
+            log.debug("ignored a %s event", event.type)
+
+    def _drop_stream(self, failed: bool = False) -> None:
+        if self.stream is not None:
+            self.stream.cancel()
+            self.stream = None
+            self.dropping = failed
+
+    async def speak(self, params: SpeechParams, text: str | TextFeed) -> bool:
+        """Run one job and send its audio; False (after an error event) when it failed."""
+        pull = Pull(self.service.state, start_job(self.service.state, params, None, True, text), params.model, None)
+        started = False
+        try:
+            while (chunk := await pull.next()) is not None:
+                rate = chunk.sample_rate
+                if not started:
+                    await self.write_event(AudioStart(rate=rate, width=2, channels=1).event())
+                    started = True
+                pcm = _pcm16(chunk.samples)
+                step = SAMPLES_PER_CHUNK * 2
+                for at in range(0, len(pcm), step):
+                    await self.write_event(AudioChunk(rate=rate, width=2, channels=1, audio=pcm[at:at + step]).event())
+            if not started:
+                raise ApiError(500, "the engine produced no audio")
+            await self.write_event(AudioStop().event())
+            return True
+        except (ConnectionError, ClientGone, asyncio.CancelledError):
+            raise
+        except Exception as e:
+            if isinstance(text, TextFeed):  # a failed stream: its remaining chunks are ignored until its stop
+                text.cancel()
+                if self.stream is not None and self.stream.feed is text:
+                    self.stream, self.dropping = None, True
+            await self.report(e)
+            return False
+        finally:
+            pull.cancel()
+
+    async def report(self, e: BaseException) -> None:
+        """Send an error event with a one-line text (engine bugs are logged in full)."""
+        error = from_exception(e)
+        if error.status >= 500:
+            log.log(logging.ERROR if error.status == 500 else logging.WARNING, "wyoming request failed: %s", e,
+                    exc_info=error.status == 500)
+        code = {400: "invalid_request", 404: "not_found", 503: "overloaded", 504: "timeout",
+                507: "out_of_memory"}.get(error.status, "server_error")
+        await self.write_event(Error(text=error.message, code=code).event())
+
+    async def disconnect(self) -> None:
+        """The client left: cancel what it started."""
+        self._drop_stream()
+
+
+def _pcm16(samples: Any) -> bytes:
+    from mizuoto.server.audio import pcm16
+
+    return pcm16(samples)
+
+
+class WyomingServer:
+    """Serves a WyomingService on a `tcp://HOST:PORT` (or `unix://PATH`) URI until stopped."""
+
+    def __init__(self, service: WyomingService, uri: str):
+        try:
+            self.server = AsyncServer.from_uri(uri)
+        except ValueError as e:
+            raise InvalidRequest(f"--uri {uri!r}: {e}") from None
+        self.service, self.uri = service, uri
+
+    async def start(self) -> None:
+        """Load the models, then accept connections."""
+        await asyncio.to_thread(self.service.load_all)
+        await self.server.start(lambda reader, writer: WyomingHandler(self.service, reader, writer))
+        names = [v.name for v in self.service.voices()]
+        log.info("wyoming: serving %d voice(s) on %s: %s", len(names), self.uri, ", ".join(names) or "none")
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """Close every connection, cancel running jobs (waiting up to `timeout` s for them) and free the models."""
+        state = self.service.state
+        state.closing = True
+        await self.server.stop()
+        jobs = list(state.jobs)
+        for job in jobs:
+            job.cancel()
+        for job in jobs:
+            await asyncio.to_thread(job.join, timeout)
+        await asyncio.to_thread(state.runtime.close)
