@@ -264,7 +264,7 @@ class WyomingHandler(AsyncEventHandler):
 
     async def speak(self, params: SpeechParams, text: str | TextFeed) -> bool:
         """Run one job and send its audio; False (after an error event) when it failed."""
-        pull = Pull(self.service.state, start_job(self.service.state, params, None, True, text), params.model, None)
+        pull = Pull(self.service.state, start_job(self.service.state, params, True, text), params.model, None)
         started = False
         try:
             while (chunk := await pull.next()) is not None:
