@@ -27,6 +27,12 @@ BUILTIN_ENGINES = {
     "cosyvoice": ("mizuoto.engines.cosyvoice.engine", "CosyVoiceEngine"),
 }
 
+# Built-in plugin modules for the other hooks (e.g. where an engine's shared resources are
+# installed); imported when a registry is built, so each must import cheaply (no torch).
+BUILTIN_PLUGINS = {
+    "builtin.cosyvoice": "mizuoto.engines.cosyvoice.plugin",
+}
+
 _NAME = re.compile(r"^[a-z][a-z0-9_.-]*$")
 
 
@@ -65,6 +71,13 @@ class Registry:
         self._classes: dict[str, type] = {}
         if builtins:
             self._register(_Builtins(), "builtin")
+            for plugin, module in BUILTIN_PLUGINS.items():
+                try:
+                    obj = importlib.import_module(module)
+                except Exception as e:  # as for an entry point: recorded, the others still load
+                    self.failures.append(PluginFailure(plugin, f"import failed: {describe_error(e)}"))
+                    continue
+                self._register(obj, plugin)
         if entry_points:
             for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
                 try:
@@ -199,8 +212,8 @@ def default_registry() -> Registry:
     return Registry()
 
 
-def find_resource(name: str) -> Path:
-    """Shared resource `name`: $MIZUOTO_HOME/<name>, then the plugins' mizuoto_assets candidates; else a clear error."""
+def find_resource(name: str, candidates: list[Path] | None = None) -> Path:
+    """Shared resource `name`: $MIZUOTO_HOME/<name>, the caller's `candidates`, then the plugins'; else a clear error."""
     from mizuoto.runtime.assets import resource_dir
 
-    return resource_dir(name, default_registry().asset_candidates(name))
+    return resource_dir(name, [*(candidates or []), *default_registry().asset_candidates(name)])

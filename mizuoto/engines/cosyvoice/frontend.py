@@ -20,7 +20,7 @@ from mizuoto.engines.cosyvoice.variants import ENDOFPROMPT, Variant
 from mizuoto.nn.dsp.kaldi import kaldi_fbank, mean_normalize
 from mizuoto.nn.dsp.mel import MatchaMelConfig, matcha_mel, whisper_log_mel
 from mizuoto.nn.dsp.wav import load_wav
-from mizuoto.engines.cosyvoice.resources import default_fst_dir, whisper_vocab_dir
+from mizuoto.engines.cosyvoice.resources import WHISPER_TIKTOKEN, fst_dir, whisper_vocab_dir
 from mizuoto.errors import AudioError, InvalidRequest, ModelLoadError
 
 SPEECH_TOKEN_RATE = 16000   # the speech tokenizer and CAM++ listen at 16 kHz
@@ -28,7 +28,6 @@ PROMPT_MEL_RATE = 24000     # upstream computes the prompt mel at 24 kHz for eve
 MAX_PROMPT_SECONDS = 30     # upstream: "do not support extract speech token for audio longer than 30s"
 WHISPER_MELS = 128          # the speech tokenizer's input: Whisper log-mel, 128 bins (v1-v3)
 FBANK_BINS = 80
-WHISPER_TIKTOKEN = "multilingual.tiktoken"
 BLANK_EN = "CosyVoice-BlankEN"
 CAMPPLUS = "campplus.onnx"
 
@@ -51,6 +50,20 @@ class CosyVoiceFrontend:
         self.mel_config = MatchaMelConfig.from_kwargs(feat.kwargs)
         self._lock = threading.RLock()  # parts build on other parts (text front end -> tokenizer)
         self._parts: dict[str, Any] = {}
+        self.resources = self._find_resources()
+
+    def _find_resources(self) -> dict[str, Path]:
+        """The verified shared resources the text modes need, found now so that a missing one fails the load.
+
+        A directory that cannot process text at all (no tokenizer files) serves voice conversion
+        only and needs none.
+        """
+        if self.missing_files(need_audio=False):
+            return {}
+        found = {"wetext": fst_dir()}
+        if self.variant.text_tokenizer == "whisper":
+            found["whisper"] = whisper_vocab_dir(self.model_dir)
+        return found
 
     # -- lazily loaded parts -------------------------------------------------------------------
     def _part(self, name: str, make: Callable[[], Any]) -> Any:
@@ -79,8 +92,7 @@ class CosyVoiceFrontend:
             from mizuoto.text.tokenize import QwenTokenizer, WhisperTokenizer
 
             if self.variant.text_tokenizer == "whisper":
-                folder = whisper_vocab_dir(self.model_dir)
-                return WhisperTokenizer.from_file(folder / WHISPER_TIKTOKEN)
+                return WhisperTokenizer.from_file(self.resources["whisper"] / WHISPER_TIKTOKEN)
             blank_en = self.model_dir / BLANK_EN
             missing = [n for n in ("vocab.json", "merges.txt") if not (blank_en / n).is_file()]
             if missing:
@@ -92,11 +104,11 @@ class CosyVoiceFrontend:
 
     @property
     def text_frontend(self):
-        """Upstream's text_normalize over the wetext FSTs (the shared resource cosyvoice/wetext)."""
+        """Upstream's text_normalize over the verified wetext FSTs (the shared resource cosyvoice/wetext)."""
         def make():
             from mizuoto.text.normalize import TextFrontend, WetextNormalizer
 
-            return TextFrontend(WetextNormalizer(default_fst_dir()), self.tokenizer.encode)
+            return TextFrontend(WetextNormalizer(self.resources.get("wetext") or fst_dir()), self.tokenizer.encode)
         return self._part("text_frontend", make)
 
     @property
