@@ -27,11 +27,9 @@ BUILTIN_ENGINES = {
     "cosyvoice": ("mizuoto.engines.cosyvoice.engine", "CosyVoiceEngine"),
 }
 
-# Built-in plugin modules for the other hooks (e.g. where an engine's shared resources are
-# installed); imported when a registry is built, so each must import cheaply (no torch).
-BUILTIN_PLUGINS = {
-    "builtin.cosyvoice": "mizuoto.engines.cosyvoice.plugin",
-}
+# Built-in engines' answers to mizuoto_assets (where their shared resources are installed), by
+# module: imported only when a resource is looked up, and each imports cheaply (no torch).
+BUILTIN_ASSETS = ("mizuoto.engines.cosyvoice.plugin",)
 
 _NAME = re.compile(r"^[a-z][a-z0-9_.-]*$")
 
@@ -42,6 +40,14 @@ class _Builtins:
     @hookimpl
     def mizuoto_engines(self) -> list:
         return [EngineRef(name, module, attr) for name, (module, attr) in BUILTIN_ENGINES.items()]
+
+    @hookimpl
+    def mizuoto_assets(self) -> dict:
+        found: dict[str, list] = {}
+        for module in BUILTIN_ASSETS:
+            for name, dirs in importlib.import_module(module).mizuoto_assets().items():
+                found.setdefault(name, []).extend(dirs)
+        return found
 
 
 @dataclass(frozen=True)
@@ -71,13 +77,6 @@ class Registry:
         self._classes: dict[str, type] = {}
         if builtins:
             self._register(_Builtins(), "builtin")
-            for plugin, module in BUILTIN_PLUGINS.items():
-                try:
-                    obj = importlib.import_module(module)
-                except Exception as e:  # as for an entry point: recorded, the others still load
-                    self.failures.append(PluginFailure(plugin, f"import failed: {describe_error(e)}"))
-                    continue
-                self._register(obj, plugin)
         if entry_points:
             for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
                 try:
