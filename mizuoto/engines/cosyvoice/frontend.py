@@ -168,8 +168,11 @@ class CosyVoiceFrontend:
     def instruct_prompt(self, instruct: str) -> str:
         """An instruction as the models were trained on it: ending in <|endofprompt|> (v3: after its system prompt).
 
-        Text carrying the marker is not normalized, as upstream skips `<|...|>` text.
+        v1's is normalized first, as upstream's inference_instruct does (a no-op on text with a
+        `<|...|>` marker); v2/v3's never is, as upstream's inference_instruct2.
         """
+        if self.variant.instruct_mode == "instruct":
+            instruct = self.normalize(instruct)
         if ENDOFPROMPT in instruct:
             return instruct
         prefix = self.variant.system_prompt.replace(ENDOFPROMPT, " ") if self.variant.system_prompt else ""
@@ -208,11 +211,14 @@ class CosyVoiceFrontend:
         speech = self._load(audio, PROMPT_MEL_RATE)
         return matcha_mel(speech, self.mel_config).squeeze(0).transpose(0, 1).unsqueeze(0)
 
-    def voice_prompt(self, audio: Audio, text: str | None) -> dict[str, torch.Tensor]:
-        """Everything a reference clip contributes (upstream frontend_zero_shot without the target text)."""
+    def voice_prompt(self, audio: Audio, text: str | None, aligned: bool = True) -> dict[str, torch.Tensor]:
+        """Everything a reference clip contributes (upstream frontend_zero_shot without the target text).
+
+        `aligned=False` keeps every mel frame and token, as upstream's frontend_vc does.
+        """
         feat = self.prompt_mel(audio)
         tokens = self.speech_tokens(audio)
-        if self.variant.version >= 2:
+        if self.variant.version >= 2 and aligned:
             # v2/v3 keep exactly two mel frames per prompt token
             n = min(feat.shape[1] // 2, tokens.shape[1])
             feat, tokens = feat[:, :2 * n], tokens[:, :n]
