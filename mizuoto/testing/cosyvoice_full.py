@@ -233,3 +233,25 @@ def snr_db(reference: torch.Tensor, test: torch.Tensor) -> float:
     noise = float(((ref - got) ** 2).sum())
     signal = float((ref ** 2).sum())
     return float("inf") if noise == 0 else 10 * torch.log10(torch.tensor(signal / noise)).item()
+
+
+# -- streamed text -------------------------------------------------------------------------------
+def tiny_model_dir(meta: dict[str, Any]) -> Path | None:
+    """The fixture model dir whose every file a case's model dir takes (its `... (all files of)` entry)."""
+    for key, value in meta["assembled_model_dir"].items():
+        if "all files of" in key:
+            return shared_path(value)
+    return None
+
+
+def streamed_text_cases(root: Path | None = None) -> list[dict[str, Any]]:
+    """Manifests of the cases whose text upstream got as a generator of pieces."""
+    metas = [json.loads(p.read_text(encoding="utf-8")) for p in list_full_cases(root)]
+    return [m for m in metas if "tts_pieces" in m["raw_inputs"]]
+
+
+def stream_input(meta: dict[str, Any]) -> dict[str, Any]:
+    """A case's streamed text, reference and seed, as the contract suite's $MIZUOTO_CONTRACT_STREAM_TEXT entry."""
+    raw = meta["raw_inputs"]
+    return {"pieces": list(raw["tts_pieces"]), "ref_audio": str(audio_file(meta, "prompt_wav")),
+            "ref_text": raw.get("prompt_text"), "seed": int(meta["seed"])}
