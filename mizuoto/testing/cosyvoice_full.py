@@ -126,7 +126,7 @@ def model_files(assembly: dict[str, str]) -> dict[str, Path]:
             continue
         if "all files of" in key:
             for item in sorted(src.rglob("*")):
-                if item.is_file():
+                if item.is_file() and not any(part.startswith(".") for part in item.relative_to(src).parts):
                     files.setdefault(str(item.relative_to(src)), item)
             continue
         if "." not in key and "/" not in key:

@@ -52,19 +52,19 @@ def verify(folder: Path, expected: dict[str, str], what: str) -> Path:
     return folder
 
 
-def _find(name: str, extra: list[Path] | None = None) -> Path:
+def _find(name: str, what: str, extra: list[Path] | None = None) -> Path:
     try:
         return find_resource(name, extra)
     except ResourceError as e:
-        raise ResourceError(f"{e}; or run `{INSTALL}`") from None
+        raise ResourceError(f"{what} ({name!r}) not found: run `{INSTALL}` ({e})") from None
 
 
 def fst_dir() -> Path:
     """The verified wetext FST folder (`{zh,en}/tn/*.fst`) for CosyVoice's text normalization."""
-    return verify(_find(WETEXT), FST_SHA256, "the wetext FSTs")
+    return verify(_find(WETEXT, "the wetext FSTs"), FST_SHA256, "the wetext FSTs")
 
 
 def whisper_vocab_dir(model_dir: Path) -> Path:
     """The verified folder holding CosyVoice 1's multilingual.tiktoken ($MIZUOTO_HOME, the model dir, packages)."""
     local = [Path(model_dir)] if (Path(model_dir) / WHISPER_TIKTOKEN).is_file() else []
-    return verify(_find(WHISPER, local), WHISPER_SHA256, "the Whisper vocabulary")
+    return verify(_find(WHISPER, "the Whisper vocabulary", local), WHISPER_SHA256, "the Whisper vocabulary")

@@ -4,6 +4,7 @@ The suite runs with an empty $MIZUOTO_HOME (tests/conftest.py), so what is found
 what a fresh install finds: the packages of `mizuoto[cosyvoice]`, through the mizuoto_assets hook.
 """
 
+import os
 import shutil
 import subprocess
 import sys
@@ -43,13 +44,20 @@ def test_home_comes_first(tmp_path, monkeypatch):
     assert resources.fst_dir() == target
 
 
-@pytest.mark.parametrize("name", sorted(resources.FST_SHA256))
-def test_tampered_fst_is_refused_by_name(tmp_path, monkeypatch, name):
+def _tampered_home(tmp_path, name: str):
+    """A $MIZUOTO_HOME whose FST set is the pinned one with one byte appended to `name`."""
     home = tmp_path / "home"
     shutil.copytree(asset_path("wetext", "fsts"), home / "cosyvoice" / "wetext")
-    with open(home / "cosyvoice" / "wetext" / name, "ab") as f:
+    path = home / "cosyvoice" / "wetext" / name
+    path.chmod(0o644)  # the assets are read-only
+    with open(path, "ab") as f:
         f.write(b"\0")
-    monkeypatch.setenv("MIZUOTO_HOME", str(home))
+    return home
+
+
+@pytest.mark.parametrize("name", sorted(resources.FST_SHA256))
+def test_tampered_fst_is_refused_by_name(tmp_path, monkeypatch, name):
+    monkeypatch.setenv("MIZUOTO_HOME", str(_tampered_home(tmp_path, name)))
     with pytest.raises(ResourceError, match=f"{name} is not the pinned file.*pip install 'mizuoto\\[cosyvoice\\]'"):
         resources.fst_dir()
 
@@ -87,3 +95,14 @@ def test_missing_resource_fails_the_load(tmp_path, monkeypatch, assembled, varia
     monkeypatch.setattr(plugin, "wetext_fst_dirs", lambda: [])
     with pytest.raises(ResourceError, match="pip install 'mizuoto\\[cosyvoice\\]'"):
         Runtime().load(assembled[variant_dir])
+
+
+def test_serve_reports_a_refused_resource_at_start(tmp_path, assembled):
+    name = sorted(resources.FST_SHA256)[0]
+    home = _tampered_home(tmp_path, name)
+    model_dir = next(iter(assembled.values()))
+    env = {**os.environ, "MIZUOTO_HOME": str(home)}
+    done = subprocess.run([sys.executable, "-m", "mizuoto.cli.main", "serve", "-m", str(model_dir), "--port", "0"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    assert f"{name} is not the pinned file" in done.stderr and "pip install 'mizuoto[cosyvoice]'" in done.stderr
