@@ -1,25 +1,25 @@
-"""Suite-wide setup: fixtures must exist, threads are pinned, and shared resources come from ../shared/assets."""
+"""Suite-wide setup: fixtures must exist, threads are pinned, and $MIZUOTO_HOME starts empty.
+
+Shared resources (the wetext FSTs, Whisper's vocabulary) come from the packages of the
+`cosyvoice` extra through the `mizuoto_assets` hook, exactly as on a user's fresh install:
+nothing is laid into the home by hand.
+"""
 
 import os
 import tempfile
-from pathlib import Path
 
 import pytest
 import torch
 
-from mizuoto.testing.fixtures import asset_path, fixtures_root
+from mizuoto.testing.fixtures import fixtures_root
 from mizuoto.testing.toy import write_model
 
 # Fixtures were recorded with 2 threads; float reductions can depend on the thread count.
 torch.set_num_threads(2)
 fixtures_root()  # raises at collection if the fixture tree is missing
 
-# A private $MIZUOTO_HOME holding the shared resources as a user would install them.
-_home = Path(tempfile.mkdtemp(prefix="mizuoto-home-"))
-(_home / "cosyvoice").mkdir()
-(_home / "cosyvoice" / "wetext").symlink_to(asset_path("wetext", "fsts"))
-(_home / "whisper").symlink_to(asset_path("whisper"))
-os.environ["MIZUOTO_HOME"] = str(_home)
+# A private, empty $MIZUOTO_HOME: caches land there, and no resource hides a missing install.
+os.environ["MIZUOTO_HOME"] = tempfile.mkdtemp(prefix="mizuoto-home-")
 
 
 @pytest.fixture

@@ -58,11 +58,17 @@ def mizuoto_engines() -> list:
 
 @hookspec
 def mizuoto_assets() -> dict:
-    """Where a plugin's shared resources may be found.
+    """Where a plugin's shared resources may be found, e.g. data files bundled in a pinned package.
 
-    Calling convention: called once per plugin, with no arguments, when a resource is looked up.
-    Return a mapping from resource name (e.g. "cosyvoice/wetext") to a list of candidate folders,
-    tried in order after `$MIZUOTO_HOME/<name>`. Must not download or create anything.
+    Calling convention: called for every plugin, with no arguments, each time a resource is looked
+    up (`mizuoto.runtime.plugins.find_resource(name)`, typically while a model loads). Return a
+    mapping from resource name (e.g. "cosyvoice/wetext") to a list of candidate folders (str or
+    Path); names the plugin does not know are simply absent. Candidates are tried in order after
+    `$MIZUOTO_HOME/<name>` and the caller's own; the first existing folder wins, so list only
+    folders whose content is right, and let the engine verify what it reads (e.g. by sha256).
+    Must be cheap and must not import heavy modules, download or create anything. An exception
+    is recorded as a failure of this plugin; the lookup goes on with the others.
+    Implementer: `mizuoto.engines.cosyvoice.plugin` (the wetext FSTs and Whisper's vocabulary).
     """
 
 

@@ -28,6 +28,10 @@ BUILTIN_ENGINES = {
     "cosyvoice": ("mizuoto.engines.cosyvoice.engine", "CosyVoiceEngine", ("cosyvoice*.yaml",)),
 }
 
+# Built-in engines' answers to mizuoto_assets (where their shared resources are installed), by
+# module: imported only when a resource is looked up, and each imports cheaply (no torch).
+BUILTIN_ASSETS = ("mizuoto.engines.cosyvoice.plugin",)
+
 _NAME = re.compile(r"^[a-z][a-z0-9_.-]*$")
 
 
@@ -37,6 +41,14 @@ class _Builtins:
     @hookimpl
     def mizuoto_engines(self) -> list:
         return [EngineRef(name, module, attr, patterns) for name, (module, attr, patterns) in BUILTIN_ENGINES.items()]
+
+    @hookimpl
+    def mizuoto_assets(self) -> dict:
+        found: dict[str, list] = {}
+        for module in BUILTIN_ASSETS:
+            for name, dirs in importlib.import_module(module).mizuoto_assets().items():
+                found.setdefault(name, []).extend(dirs)
+        return found
 
 
 @dataclass(frozen=True)
@@ -231,8 +243,8 @@ def default_registry() -> Registry:
     return Registry()
 
 
-def find_resource(name: str) -> Path:
-    """Shared resource `name`: $MIZUOTO_HOME/<name>, then the plugins' mizuoto_assets candidates; else a clear error."""
+def find_resource(name: str, candidates: list[Path] | None = None) -> Path:
+    """Shared resource `name`: $MIZUOTO_HOME/<name>, the caller's `candidates`, then the plugins'; else a clear error."""
     from mizuoto.runtime.assets import resource_dir
 
-    return resource_dir(name, default_registry().asset_candidates(name))
+    return resource_dir(name, [*(candidates or []), *default_registry().asset_candidates(name)])

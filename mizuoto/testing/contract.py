@@ -10,11 +10,17 @@ returning them) and optionally `CONTRACT_ENGINES = [...]`, then `from mizuoto.te
 import *`. Directories offered by plugins' `mizuoto_example_models` hook are added. Engines named
 explicitly must import; by default every importable registered engine is checked, and every
 engine checked needs at least one model directory that it detects.
+
+Streaming text in is checked with a fixed sentence and reference by default. A model whose
+output depends on its input in a way that sentence does not exercise (e.g. random test weights)
+can be given its own deterministic input: `$MIZUOTO_CONTRACT_STREAM_TEXT` names a json file
+mapping a model dir to `{"pieces": [...], "ref_audio": path, "ref_text": str, "seed": int}`.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import math
 import os
 from dataclasses import dataclass
@@ -33,6 +39,7 @@ from mizuoto.runtime.scheduler import Scheduler
 
 ENV_MODELS = "MIZUOTO_CONTRACT_MODELS"
 ENV_ENGINES = "MIZUOTO_CONTRACT_ENGINES"
+ENV_STREAM_TEXT = "MIZUOTO_CONTRACT_STREAM_TEXT"
 TEXT = "Hello world, this is a test."
 REF_TEXT = "A short reference sentence."
 
@@ -225,8 +232,20 @@ def test_streaming(case):
     _check_chunks(list(rt.synthesize(name, request)), caps, stream=True)
 
 
+def _stream_input(model_dir: Path) -> dict | None:
+    """The streamed-text input $MIZUOTO_CONTRACT_STREAM_TEXT gives this model dir, if any."""
+    path = os.environ.get(ENV_STREAM_TEXT)
+    if not path:
+        return None
+    given = json.loads(Path(path).read_text(encoding="utf-8"))
+    return given.get(str(model_dir))
+
+
 def test_streaming_text_in(case):
-    """Text given as an iterator of pieces works when stream_in is declared and is refused otherwise."""
+    """Text given as an iterator of pieces works when stream_in is declared and is refused otherwise.
+
+    Every piece is read, and the audio comes as indexed chunks ending in a final one.
+    """
     rt, name = _loaded(case)
     caps = rt.model(name).capabilities
     mode = next(m for m in ("clone", "preset", "cross_lingual", "instruct") if m in caps.modes) \
@@ -234,13 +253,26 @@ def test_streaming_text_in(case):
     if mode is None:
         return
     base = _request(mode, rt.voices(name))
-    pieces = iter([word + " " for word in TEXT.split()])
-    request = SynthesisRequest(pieces, mode=mode, voice=base.voice, instruct=base.instruct, seed=1, stream=True)
+    given = _stream_input(case.model_dir)
+    if given is not None:
+        pieces, seed = list(given["pieces"]), int(given["seed"])
+        voice = Reference(given["ref_audio"], given.get("ref_text"))
+    else:
+        pieces, seed, voice = [word + " " for word in TEXT.split()], 1, base.voice
+    read: list[str] = []
+
+    def feed():
+        for piece in pieces:
+            read.append(piece)
+            yield piece
+
+    request = SynthesisRequest(feed(), mode=mode, voice=voice, instruct=base.instruct, seed=seed, stream=True)
     if not caps.stream_in:
         with pytest.raises(InvalidRequest):
             rt.synthesize(name, request)
         return
     _check_chunks(list(rt.synthesize(name, request)), caps, stream=True)
+    assert read == pieces, "not every streamed piece was read"
 
 
 def test_bad_requests_refused_before_work(case):

@@ -121,7 +121,7 @@ def assemble_model_dir(model_dir: Path, dest: Path) -> Path:
 
     Fixture model dirs hold only the yaml and llm/flow/hift; a real directory also holds the
     speech tokenizer and CAM++ ONNX files (here the fixtures' random-weight ones), the
-    CosyVoice-BlankEN tokenizer files (v2/v3) and, for v1, Whisper's vocabulary. Files are
+    CosyVoice-BlankEN tokenizer files (v2/v3). Files are
     symlinked, so caches written beside them land in `dest`, never in the fixture tree.
     """
     from mizuoto.testing.fixtures import asset_path
@@ -141,8 +141,7 @@ def assemble_model_dir(model_dir: Path, dest: Path) -> Path:
     if blank_en.is_dir():
         for name in ("vocab.json", "merges.txt", "tokenizer_config.json"):
             _link(asset_path("cosyvoice", "CosyVoice-BlankEN", name), blank_en / name)
-    else:
-        _link(asset_path("whisper", "multilingual.tiktoken"), dest / "multilingual.tiktoken")
+    # v1's Whisper vocabulary is a shared resource (not in a model dir): found as on a user's install
     return dest
 
 

@@ -6,19 +6,22 @@ fixture files) and handed to the suite through $MIZUOTO_CONTRACT_MODELS, so ever
 checked as a user would load it. test_contract.py also offers the bare fixture dirs (the
 engine detects them by their yaml, and correctly refuses to load a v2/v3 one: it can serve no
 mode); those cases are deselected, their assembled copies replace them.
+
+Streaming text in gets, per model, the input of a full-pipeline fixture case that streamed its
+text on that model (`full/*/cases`, raw_inputs.tts_pieces), with the case's LM modification
+applied to the copy's llm.pt: upstream spoke on exactly that input, so the check is real.
 """
 
 import atexit
+import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
-import pytest
-
-from mizuoto.errors import MizuotoError
-from mizuoto.testing.contract import ENV_MODELS, Case
+from mizuoto.testing.contract import ENV_MODELS, ENV_STREAM_TEXT, Case
 from mizuoto.testing.cosyvoice_cases import assemble_model_dir
+from mizuoto.testing.cosyvoice_full import apply_model_modification, stream_input, streamed_text_cases, tiny_model_dir
 from mizuoto.testing.fixtures import fixtures_root
 
 _HERE = Path(__file__).resolve().parent
@@ -29,11 +32,27 @@ ASSEMBLED = [assemble_model_dir(d, _TMP / f"assembled-{d.parent.name}" / "model"
 os.environ[ENV_MODELS] = os.pathsep.join(
     [p for p in os.environ.get(ENV_MODELS, "").split(os.pathsep) if p] + [str(p) for p in ASSEMBLED])
 
-# Streaming text in on the tiny random-weight v2/v3 LMs: upstream's bistream decode may end at
-# once (eos is allowed from the first step after the text) or, on v3, raise on a special token
-# other than eos; both end in a clear MizuotoError. tests/engines/cosyvoice/test_bistream.py
-# checks the feature itself.
-_TINY_BISTREAM = "random-weight LM: upstream's bistream may stop at once or raise (clear MizuotoError)"
+
+def _stream_inputs() -> dict[str, dict]:
+    """Assembled model dir -> the streamed-text input of a full case recorded on its fixture model."""
+    inputs: dict[str, dict] = {}
+    for meta in streamed_text_cases():
+        source = tiny_model_dir(meta)
+        for bare, assembled in zip(_BARE, ASSEMBLED):
+            if source is None or bare.resolve() != source.resolve() or str(assembled) in inputs:
+                continue
+            if meta.get("model_modification"):
+                llm = assembled / "llm.pt"
+                original = llm.resolve()
+                llm.unlink()
+                apply_model_modification(meta["model_modification"], original, llm)
+            inputs[str(assembled)] = stream_input(meta)
+    return inputs
+
+
+_STREAM_FILE = _TMP / "stream-text.json"
+_STREAM_FILE.write_text(json.dumps(_stream_inputs()), encoding="utf-8")
+os.environ[ENV_STREAM_TEXT] = str(_STREAM_FILE)
 
 
 def _case_dir(item) -> Path | None:
@@ -52,9 +71,6 @@ def pytest_collection_modifyitems(config, items):
         if model_dir is not None and model_dir.resolve() in bare:
             dropped.append(item)
             continue
-        if model_dir is not None and item.originalname == "test_streaming_text_in" \
-                and model_dir in ASSEMBLED and not (model_dir / "cosyvoice.yaml").is_file():
-            item.add_marker(pytest.mark.xfail(raises=MizuotoError, strict=False, reason=_TINY_BISTREAM))
         keep.append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)

@@ -234,14 +234,14 @@ class CosyVoiceModel(Model):
             yield AudioChunk(piece, self.sample_rate, index, final)
             index += 1
 
-    def _voice(self, request: SynthesisRequest, need_text: bool) -> dict[str, torch.Tensor]:
+    def _voice(self, request: SynthesisRequest, need_text: bool, aligned: bool = True) -> dict[str, torch.Tensor]:
         voice = request.voice
         if isinstance(voice, Reference):
             if not self._audio_ok:
                 raise InvalidRequest(f"{self.model_dir} cannot take voices from audio: it lacks "
                                      f"{', '.join(self.frontend.missing_files(need_audio=True))}")
             with self.use("frontend"):
-                return self.frontend.voice_prompt(voice.audio, voice.text if need_text else None)
+                return self.frontend.voice_prompt(voice.audio, voice.text if need_text else None, aligned)
         with self._voices_lock:
             if voice in self.presets:
                 return self.presets[voice]
@@ -253,7 +253,8 @@ class CosyVoiceModel(Model):
         """Model inputs, one per text segment; the voice and text are checked before returning."""
         mode = request.mode
         if mode == "vc":
-            prompt = self._voice(request, need_text=False)
+            # upstream's frontend_vc keeps the whole reference (no 2:1 mel/token cut)
+            prompt = self._voice(request, need_text=False, aligned=False)
             if "flow_prompt_speech_token" not in prompt:
                 raise InvalidRequest("voice conversion needs a reference voice, not a preset speaker")
             with self.use("frontend"):

@@ -19,7 +19,7 @@ from mizuoto.engines.cosyvoice.variants import ENDOFPROMPT, Variant
 from mizuoto.nn.dsp.kaldi import kaldi_fbank, mean_normalize
 from mizuoto.nn.dsp.mel import MatchaMelConfig, matcha_mel, whisper_log_mel
 from mizuoto.nn.dsp.wav import load_wav
-from mizuoto.engines.cosyvoice.resources import default_fst_dir, whisper_vocab_dir
+from mizuoto.engines.cosyvoice.resources import WHISPER_TIKTOKEN, fst_dir, whisper_vocab_dir
 from mizuoto.errors import AudioError, InvalidRequest, ModelLoadError
 
 SPEECH_TOKEN_RATE = 16000   # the speech tokenizer and CAM++ listen at 16 kHz
@@ -27,7 +27,6 @@ PROMPT_MEL_RATE = 24000     # upstream computes the prompt mel at 24 kHz for eve
 MAX_PROMPT_SECONDS = 30     # upstream: "do not support extract speech token for audio longer than 30s"
 WHISPER_MELS = 128          # the speech tokenizer's input: Whisper log-mel, 128 bins (v1-v3)
 FBANK_BINS = 80
-WHISPER_TIKTOKEN = "multilingual.tiktoken"
 BLANK_EN = "CosyVoice-BlankEN"
 CAMPPLUS = "campplus.onnx"
 
@@ -50,6 +49,20 @@ class CosyVoiceFrontend:
         self.mel_config = MatchaMelConfig.from_kwargs(feat.kwargs)
         self._lock = threading.RLock()  # parts build on other parts (text front end -> tokenizer)
         self._parts: dict[str, Any] = {}
+        self.resources = self._find_resources()
+
+    def _find_resources(self) -> dict[str, Path]:
+        """The verified shared resources the text modes need, found now so that a missing one fails the load.
+
+        A directory that cannot process text at all (no tokenizer files) serves voice conversion
+        only and needs none.
+        """
+        if self.missing_files(need_audio=False):
+            return {}
+        found = {"wetext": fst_dir()}
+        if self.variant.text_tokenizer == "whisper":
+            found["whisper"] = whisper_vocab_dir(self.model_dir)
+        return found
 
     # -- lazily loaded parts -------------------------------------------------------------------
     def _part(self, name: str, make: Callable[[], Any]) -> Any:
@@ -78,8 +91,7 @@ class CosyVoiceFrontend:
             from mizuoto.text.tokenize import QwenTokenizer, WhisperTokenizer
 
             if self.variant.text_tokenizer == "whisper":
-                folder = whisper_vocab_dir(self.model_dir)
-                return WhisperTokenizer.from_file(folder / WHISPER_TIKTOKEN)
+                return WhisperTokenizer.from_file(self.resources["whisper"] / WHISPER_TIKTOKEN)
             blank_en = self.model_dir / BLANK_EN
             missing = [n for n in ("vocab.json", "merges.txt") if not (blank_en / n).is_file()]
             if missing:
@@ -91,11 +103,11 @@ class CosyVoiceFrontend:
 
     @property
     def text_frontend(self):
-        """Upstream's text_normalize over the wetext FSTs (the shared resource cosyvoice/wetext)."""
+        """Upstream's text_normalize over the verified wetext FSTs (the shared resource cosyvoice/wetext)."""
         def make():
             from mizuoto.text.normalize import TextFrontend, WetextNormalizer
 
-            return TextFrontend(WetextNormalizer(default_fst_dir()), self.tokenizer.encode)
+            return TextFrontend(WetextNormalizer(self.resources.get("wetext") or fst_dir()), self.tokenizer.encode)
         return self._part("text_frontend", make)
 
     @property
@@ -155,8 +167,11 @@ class CosyVoiceFrontend:
     def instruct_prompt(self, instruct: str) -> str:
         """An instruction as the models were trained on it: ending in <|endofprompt|> (v3: after its system prompt).
 
-        Text carrying the marker is not normalized, as upstream skips `<|...|>` text.
+        v1's is normalized first, as upstream's inference_instruct does (a no-op on text with a
+        `<|...|>` marker); v2/v3's never is, as upstream's inference_instruct2.
         """
+        if self.variant.instruct_mode == "instruct":
+            instruct = self.normalize(instruct)
         if ENDOFPROMPT in instruct:
             return instruct
         prefix = self.variant.system_prompt.replace(ENDOFPROMPT, " ") if self.variant.system_prompt else ""
@@ -195,11 +210,14 @@ class CosyVoiceFrontend:
         speech = self._load(audio, PROMPT_MEL_RATE)
         return matcha_mel(speech, self.mel_config).squeeze(0).transpose(0, 1).unsqueeze(0)
 
-    def voice_prompt(self, audio: Audio, text: str | None) -> dict[str, torch.Tensor]:
-        """Everything a reference clip contributes (upstream frontend_zero_shot without the target text)."""
+    def voice_prompt(self, audio: Audio, text: str | None, aligned: bool = True) -> dict[str, torch.Tensor]:
+        """Everything a reference clip contributes (upstream frontend_zero_shot without the target text).
+
+        `aligned=False` keeps every mel frame and token, as upstream's frontend_vc does.
+        """
         feat = self.prompt_mel(audio)
         tokens = self.speech_tokens(audio)
-        if self.variant.version >= 2:
+        if self.variant.version >= 2 and aligned:
             # v2/v3 keep exactly two mel frames per prompt token
             n = min(feat.shape[1] // 2, tokens.shape[1])
             feat, tokens = feat[:, :2 * n], tokens[:, :n]

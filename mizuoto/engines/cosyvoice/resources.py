@@ -1,62 +1,70 @@
 """Shared resources CosyVoice needs beyond a model directory: the wetext FSTs and Whisper's vocabulary.
 
-Each is looked up as a runtime resource ($MIZUOTO_HOME/<name> first), then in installed
-packages that bundle it, found without importing them.
+Each is found as a runtime resource (`$MIZUOTO_HOME/<name>`, then the `mizuoto_assets`
+candidates, see plugin.py) and verified by sha256 before use: a different FST set normalizes
+differently, so it is refused by name rather than used.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
-import re
+import functools
+import hashlib
 from pathlib import Path
 
+from mizuoto.engines.cosyvoice.plugin import INSTALL, WETEXT, WHISPER
 from mizuoto.errors import ResourceError
-from mizuoto.runtime.assets import resource_dir
+from mizuoto.runtime.plugins import find_resource
 
-WETEXT = "cosyvoice/wetext"
-WHISPER = "whisper"
-# wetext wheels that bundle the same ModelScope FST snapshot upstream downloads (0.1.1+ ship
-# a rebuilt set with different output).
-_WHEEL_VERSIONS = ((0, 0, 7), (0, 1, 0))
+WHISPER_TIKTOKEN = "multilingual.tiktoken"
+
+# The FSTs CosyVoice loads (`Normalizer(remove_erhua=False)` and `Normalizer()`, both languages),
+# as bundled by wetext 0.0.7-0.1.0 (= shared/assets/wetext/fsts).
+FST_SHA256 = {
+    "zh/tn/tagger.fst": "63f3abeafe64fc3e9232099ab8ef6efd44c5198319193854af3ac2716d7c27a7",
+    "zh/tn/verbalizer.fst": "9fcadad76cafddb2e96b92d892d18249f0ba5fbe60e4d4fc51f466cb6bc7ade9",
+    "en/tn/tagger.fst": "bb804f88030153999f154f01950c18dbfd64de2c4cfc5035e21371d4eb4ead8a",
+    "en/tn/verbalizer.fst": "33ad65460a3e8f7fe313994ff0204a218c0fcb5dec9c09b24aeeaa30ef21d67b",
+}
+# openai-whisper's assets/multilingual.tiktoken (identical from v20231117, which CosyVoice pins, to 20250625)
+WHISPER_SHA256 = {WHISPER_TIKTOKEN: "b34b360dbb493e781e479794586d661700670d65564001f23024971d1f2fa126"}
 
 
-def _version_tuple(version: str) -> tuple[int, ...]:
-    return tuple(int(m) for m in re.findall(r"\d+", version)[:3])
+@functools.lru_cache(maxsize=64)
+def _sha256(path: Path, size: int, mtime_ns: int) -> str:
+    # keyed by size and mtime too, so a file replaced in place is hashed again
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
-def _wheel_fst_dirs() -> list[Path]:
-    """The `fsts` folder of an installed wetext wheel of a matching version, found without importing it."""
+def verify(folder: Path, expected: dict[str, str], what: str) -> Path:
+    """`folder` when each listed file has its sha256; else a ResourceError naming the first that differs."""
+    for name, digest in expected.items():
+        path = folder / name
+        if not path.is_file():
+            raise ResourceError(f"{what} at {folder} lacks {name}; remove that folder or reinstall with `{INSTALL}`")
+        st = path.stat()
+        if _sha256(path.resolve(), st.st_size, st.st_mtime_ns) != digest:
+            raise ResourceError(f"{what}: {path} is not the pinned file (sha256 differs), and another file would "
+                                f"change the output; remove it or reinstall with `{INSTALL}`")
+    return folder
+
+
+def _find(name: str, what: str, extra: list[Path] | None = None) -> Path:
     try:
-        spec = importlib.util.find_spec("wetext")
-        version = importlib.metadata.version("wetext")
-    except (ImportError, ValueError, importlib.metadata.PackageNotFoundError):
-        return []
-    if spec is None or not spec.submodule_search_locations:
-        return []
-    low, high = _WHEEL_VERSIONS
-    if not low <= _version_tuple(version) <= high:
-        return []
-    return [Path(loc) / "fsts" for loc in spec.submodule_search_locations]
-
-
-def default_fst_dir() -> Path:
-    """The FST folder (`{zh,en}/tn/*.fst`): $MIZUOTO_HOME/cosyvoice/wetext, else a wetext 0.0.7-0.1.0 wheel's."""
-    try:
-        return resource_dir(WETEXT, candidates=_wheel_fst_dirs())
+        return find_resource(name, extra)
     except ResourceError as e:
-        raise ResourceError(f"{e}, or `pip install wetext==0.1.0` for its bundled FSTs") from None
+        raise ResourceError(f"{what} ({name!r}) not found: run `{INSTALL}` ({e})") from None
 
 
-
-def _whisper_candidates() -> list[Path]:
-    # An installed openai-whisper ships the vocabulary in its assets folder; found without importing it.
-    spec = importlib.util.find_spec("whisper")
-    if spec is None or not spec.submodule_search_locations:
-        return []
-    return [Path(loc) / "assets" for loc in spec.submodule_search_locations]
+def fst_dir() -> Path:
+    """The verified wetext FST folder (`{zh,en}/tn/*.fst`) for CosyVoice's text normalization."""
+    return verify(_find(WETEXT, "the wetext FSTs"), FST_SHA256, "the wetext FSTs")
 
 
 def whisper_vocab_dir(model_dir: Path) -> Path:
-    """The folder holding CosyVoice 1's multilingual.tiktoken: $MIZUOTO_HOME/whisper, the model dir, openai-whisper."""
-    return resource_dir(WHISPER, [Path(model_dir), *_whisper_candidates()])
+    """The verified folder holding CosyVoice 1's multilingual.tiktoken ($MIZUOTO_HOME, the model dir, packages)."""
+    local = [Path(model_dir)] if (Path(model_dir) / WHISPER_TIKTOKEN).is_file() else []
+    return verify(_find(WHISPER, "the Whisper vocabulary", local), WHISPER_SHA256, "the Whisper vocabulary")
