@@ -163,3 +163,29 @@ def test_streaming_out(runtime, variant_dir, clip):
     assert [c.final for c in chunks] == [False] * (len(chunks) - 1) + [True]
     again = run(rt, name, request)
     assert len(again) == len(chunks) and all(torch.equal(a.samples, b.samples) for a, b in zip(chunks, again))
+
+
+# CosyVoice3Model.__init__ (upstream ace7c47) lists these FSQ ids as silent/breath tokens, and its
+# llm_job passes at most five in a row to the flow; CosyVoice and CosyVoice2 models list none.
+UPSTREAM_V3_SILENT = (1, 2, 28, 29, 55, 248, 494, 2241, 2242, 2322, 2323)
+
+
+def test_silent_runs_reach_the_flow_as_upstream(runtime, variant_dir, clip, monkeypatch):
+    """A constructed LM stream with long silent runs: only CosyVoice 3 drops the sixth and later of a run."""
+    rt, names = runtime
+    name = names[variant_dir]
+    model = rt.model(name)
+    s = UPSTREAM_V3_SILENT
+    stream = [100, 101, *s[:8], 300, *[s[9]] * 3, *[s[10]] * 4, 7, 8, *[s[4]] * 6]
+    v3 = load_hyperyaml(next(variant_dir.glob("cosyvoice*.yaml")))["llm"].cls == "CosyVoice3LM"
+    want = ([100, 101, *s[:5], 300, *[s[9]] * 3, *[s[10]] * 2, 7, 8, *[s[4]] * 5] if v3 else stream)
+    monkeypatch.setattr(model.llm, "generate", lambda *args, **kwargs: iter(stream))
+    seen = []
+    inference = model.flow.inference
+
+    def flow(token, *args, **kwargs):
+        seen.append(token.flatten().tolist())
+        return inference(token, *args, **kwargs)
+    monkeypatch.setattr(model.flow, "inference", flow)
+    one(rt, name, SynthesisRequest("Hello.", voice=Reference(str(clip)), seed=1))
+    assert seen == [want]
