@@ -5,7 +5,9 @@ also has the front-end ONNX files and tokenizer files. Each is assembled here (s
 fixture files) and handed to the suite through $MIZUOTO_CONTRACT_MODELS, so every variant is
 checked as a user would load it. test_contract.py also offers the bare fixture dirs (the
 engine detects them by their yaml, and correctly refuses to load a v2/v3 one: it can serve no
-mode); those cases are deselected, their assembled copies replace them.
+mode); those cases are deselected, their assembled copies replace them, and only where the
+assembled copy's same test was collected (else collection stops with the reason): a copy that
+stopped being detected must not take its bare dir's tests away with it unnoticed.
 """
 
 import atexit
@@ -45,7 +47,7 @@ def _case_dir(item) -> Path | None:
 
 
 def pytest_collection_modifyitems(config, items):
-    bare = {d.resolve() for d in _BARE}
+    bare = {d.resolve(): a for d, a in zip(_BARE, ASSEMBLED)}
     keep, dropped = [], []
     for item in items:
         model_dir = _case_dir(item)
@@ -56,6 +58,13 @@ def pytest_collection_modifyitems(config, items):
                 and model_dir in ASSEMBLED and not (model_dir / "cosyvoice.yaml").is_file():
             item.add_marker(pytest.mark.xfail(raises=MizuotoError, strict=False, reason=_TINY_BISTREAM))
         keep.append(item)
+    # a bare dir's items go only where its assembled copy's same test runs in their place
+    kept = {(item.originalname, _case_dir(item)) for item in keep}
+    lost = sorted({str(bare[_case_dir(item).resolve()]) for item in dropped
+                   if (item.originalname, bare[_case_dir(item).resolve()]) not in kept})
+    if lost:
+        raise pytest.UsageError(f"the contract suite has no (or not every) item for {', '.join(lost)} (not "
+                                "detected?), so the bare fixture dirs they replace cannot be deselected")
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = keep
