@@ -29,6 +29,8 @@ def version_of(model_dir: Path) -> int:
 _DIR_PARAMS = {
     "variant_dir": lambda d: True,
     "stream_in_dir": lambda d: version_of(d) >= 2,               # streaming text in (bistream)
+    "no_stream_in_dir": lambda d: version_of(d) < 2,             # upstream streams text only on v2/v3
+    "qwen_lm_dir": lambda d: version_of(d) >= 2,                 # a Qwen2 LM with a static KV cache
     # v2's Qwen2LM bistream; v3's raises on any special token but eos/fill, which its tiny
     # random-weight LM draws within a few dozen steps (see test_bistream.py)
     "bistream_dir": lambda d: version_of(d) == 2,

@@ -116,10 +116,9 @@ def test_without_reference_text_is_refused(runtime, stream_in_dir, clip):
         next(model.llm.generate_bistream(iter([]), torch.zeros(1, 0, dtype=torch.int32)))
 
 
-def test_v1_refuses_streamed_text(runtime, variant_dir, clip):
+def test_v1_refuses_streamed_text(runtime, no_stream_in_dir, clip):
     rt, names = runtime
-    name = names[variant_dir]
-    if rt.model(name).capabilities.stream_in:
-        return
+    name = names[no_stream_in_dir]
+    assert not rt.model(name).capabilities.stream_in
     with pytest.raises(InvalidRequest, match="streamed text"):
         rt.synthesize(name, SynthesisRequest(Pieces(WORDS), voice=Reference(str(clip), REF_TEXT), stream=True))

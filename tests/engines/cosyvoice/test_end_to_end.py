@@ -10,8 +10,10 @@ import contextlib
 import math
 from pathlib import Path
 
+import pytest
 import torch
 
+from mizuoto.errors import InvalidRequest
 from mizuoto.runtime.engine import Reference, SynthesisRequest
 from mizuoto.runtime.hyperyaml import load_hyperyaml
 
@@ -90,14 +92,15 @@ def test_cross_lingual_and_speed(runtime, variant_dir, clip):
 
 
 def test_instruct_with_a_reference(runtime, variant_dir, clip):
-    """v2/v3 instruct2 takes a reference voice; v1's instruct needs a preset (see test_errors)."""
+    """v2/v3 instruct2 takes a reference voice; v1's instruct refuses one: it needs a preset speaker."""
     rt, names = runtime
     name = names[variant_dir]
     model = rt.model(name)
-    if model.variant.instruct_mode != "instruct2":
-        assert "instruct" not in model.capabilities.modes or model.presets
-        return
     request = SynthesisRequest(TEXT, voice=Reference(str(clip)), instruct=INSTRUCT, seed=5)
+    if model.variant.instruct_mode != "instruct2":
+        with pytest.raises(InvalidRequest, match="preset"):
+            list(rt.synthesize(name, request))
+        return
     with stages_run(model) as ran:
         audio = one(rt, name, request)
     assert ran == {s.name for s in model.stages}
