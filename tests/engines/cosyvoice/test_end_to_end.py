@@ -151,31 +151,7 @@ def test_cached_voice_reuses_the_prompt_without_the_front_end(runtime, variant_d
     assert torch.equal(by_id, by_ref), "a cached voice must speak exactly as its reference"
 
 
-def upstream_chunk_count(version: int, tokens: int, flow: dict, prompt_tokens: int) -> int:
-    """How many chunks upstream's model.tts streams for one segment of `tokens` speech tokens.
-
-    Written from cosyvoice/cli/model.py: CosyVoice 1 cuts a chunk whenever hop + 20 overlap tokens
-    are waiting (hop = 2 s of tokens, fixed); CosyVoice 2/3 whenever hop + look-ahead tokens lie past
-    the offset, the first hop padded so the prompt ends on a hop boundary, hops 25 doubling to 100.
-    The remaining tokens always make one more (final) chunk.
-    """
-    count = 0
-    if version == 1:
-        hop, start = 2 * int(flow["input_frame_rate"]), 0
-        while tokens - start >= hop + 20:
-            count, start = count + 1, start + hop
-        return count + 1
-    lookahead = int(flow.get("pre_lookahead_len", 0))
-    pad = math.ceil(prompt_tokens / 25) * 25 - prompt_tokens
-    hop, offset = 25, 0
-    while True:
-        this_hop = hop + pad if offset == 0 else hop
-        if tokens - offset < this_hop + lookahead:
-            return count + 1
-        count, offset, hop = count + 1, offset + this_hop, min(100, 2 * hop)
-
-
-def test_streaming_out(runtime, variant_dir, clip, monkeypatch):
+def test_streaming_out(runtime, variant_dir, clip, monkeypatch, upstream_chunks):
     """A long sentence streams as upstream would chunk the tokens the LM spoke (read from the run:
     a random-weight LM may stop early on a stop id, so how many chunks is not assumed)."""
     rt, names = runtime
@@ -197,7 +173,7 @@ def test_streaming_out(runtime, variant_dir, clip, monkeypatch):
     yaml = load_hyperyaml(next(variant_dir.glob("cosyvoice*.yaml")))
     prompt_tokens = model.frontend.voice_prompt(str(clip), REF_TEXT)["flow_prompt_speech_token"].shape[1]
     assert spoken, "no segment was spoken"
-    expected = sum(upstream_chunk_count(model.variant.version, len(t), yaml["flow"], prompt_tokens) for t in spoken)
+    expected = sum(upstream_chunks(model.variant.version, len(t), yaml["flow"], prompt_tokens) for t in spoken)
     assert len(chunks) == expected, f"{[len(t) for t in spoken]} tokens: {len(chunks)} chunks, upstream {expected}"
     assert all(c.sample_rate == model.capabilities.sample_rate for c in chunks)
     assert [c.final for c in chunks] == [False] * (len(chunks) - 1) + [True]
