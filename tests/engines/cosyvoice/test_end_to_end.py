@@ -197,11 +197,11 @@ def test_silent_runs_reach_the_flow_as_upstream(runtime, variant_dir, clip, monk
     want = ([100, 101, *s[:5], 300, *[s[9]] * 3, *[s[10]] * 2, 7, 8, *[s[4]] * 5] if v3 else stream)
     monkeypatch.setattr(model.llm, "generate", lambda *args, **kwargs: iter(stream))
     seen = []
-    inference = model.flow.inference
+    token2mel = model.flow.token2mel
 
     def flow(token, *args, **kwargs):
         seen.append(token.flatten().tolist())
-        return inference(token, *args, **kwargs)
-    monkeypatch.setattr(model.flow, "inference", flow)
+        return token2mel(token, *args, **kwargs)
+    monkeypatch.setattr(model.flow, "token2mel", flow)
     one(rt, name, SynthesisRequest("Hello.", voice=Reference(str(clip)), seed=1))
     assert seen == [want]

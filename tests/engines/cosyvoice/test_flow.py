@@ -23,7 +23,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import mizuoto.engines.cosyvoice.flow_dit  # noqa: F401  (registers CosyVoice 3's DiT flow with build_flow)
 from mizuoto.engines.cosyvoice.flow import (CausalMaskedDiffWithXvec, MaskedDiffWithXvec, build_flow,
                                             load_flow_weights)
 from mizuoto.nn.flow.cfm import FIXED_NOISE_SHAPE, fixed_noise

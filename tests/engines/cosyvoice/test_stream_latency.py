@@ -22,12 +22,12 @@ def test_first_chunk_comes_before_the_second_flow_call(runtime, variant_dir, cli
     stream = [(97 * i) % size for i in range(6 * rate)]
     monkeypatch.setattr(model.llm, "generate", lambda *args, **kwargs: iter(stream))
     calls = []
-    original = model.flow.inference
+    original = model.flow.token2mel
 
     def counting(*args, **kwargs):
         calls.append(1)
         return original(*args, **kwargs)
-    monkeypatch.setattr(model.flow, "inference", counting)
+    monkeypatch.setattr(model.flow, "token2mel", counting)
     voice = Reference(str(clip), "A short reference.")
     request = SynthesisRequest("Hello.", voice=voice, mode="cross_lingual", stream=True, seed=3)
     chunks = rt.synthesize(name, request)
