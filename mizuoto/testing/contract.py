@@ -73,16 +73,33 @@ def _model_dirs(module) -> list[Path]:
     return list(dict.fromkeys(Path(d) for d in dirs))
 
 
+def _detects(name: str, model_dir: Path) -> bool:
+    """Whether engine `name` detects `model_dir` (an exception propagates: detect must answer, not raise)."""
+    return bool(default_registry().engine_class(name)().detect(model_dir))
+
+
 def _cases(module, engines: list[str]) -> list[Case]:
     cases = []
     for d in _model_dirs(module):
         for name in engines:
             try:
-                if default_registry().engine_class(name)().detect(d):
+                if _detects(name, d):
                     cases.append(Case(name, d))
-            except Exception:  # an engine that cannot import or detect fails in its own tests
+            except Exception:  # kept out of collection; test_engine_has_a_model fails on it, naming it
                 continue
     return cases
+
+
+def _collected_engines(request) -> dict[str, set[str]]:
+    """Model-level test name -> engines with at least one item of it in this session (after deselection)."""
+    found: dict[str, set[str]] = {}
+    for item in request.session.items:
+        if getattr(item, "module", None) is not request.module or not hasattr(item, "callspec"):
+            continue
+        case = item.callspec.params.get("case")
+        if isinstance(case, Case):
+            found.setdefault(item.originalname, set()).add(case.engine)
+    return found
 
 
 def pytest_generate_tests(metafunc) -> None:
@@ -160,11 +177,26 @@ def test_engine_ignores_empty_dir(engine_name, tmp_path):
 
 
 def test_engine_has_a_model(engine_name, request):
-    """The suite has at least one model directory this engine detects."""
+    """The suite has at least one model directory this engine detects, and its model-level tests run.
+
+    Counted on what runs: a conftest may deselect items after parametrization, so each model-level
+    test selected in this session must still have an item for this engine. And detect() must answer
+    for every offered directory: one that raises would silently drop that directory's cases.
+    """
+    errors = []
+    for d in _model_dirs(request.module):
+        try:
+            _detects(engine_name, d)
+        except Exception as exc:
+            errors.append(f"{d}: {type(exc).__name__}: {exc}")
+    assert not errors, f"{engine_name}.detect() raised (it must return a falsy value instead): " + "; ".join(errors)
     engines, _ = _wanted_engines(request.module)
     found = [c for c in _cases(request.module, engines) if c.engine == engine_name]
     assert found, (f"no model directory for engine {engine_name!r}: list some in ${ENV_MODELS}, CONTRACT_MODELS"
                    " or the plugin's mizuoto_example_models hook")
+    missing = sorted(test for test, names in _collected_engines(request).items() if engine_name not in names)
+    assert not missing, (f"{engine_name!r} detects {len(found)} model dir(s), but no item of {missing} runs for it "
+                         "in this session (deselected after collection?)")
 
 
 # ---- model-level -------------------------------------------------------------------------------

@@ -5,7 +5,9 @@ also has the front-end ONNX files and tokenizer files. Each is assembled here (s
 fixture files) and handed to the suite through $MIZUOTO_CONTRACT_MODELS, so every variant is
 checked as a user would load it. test_contract.py also offers the bare fixture dirs (the
 engine detects them by their yaml, and correctly refuses to load a v2/v3 one: it can serve no
-mode); those cases are deselected, their assembled copies replace them.
+mode); those cases are deselected, their assembled copies replace them, and only where the
+assembled copy's same test was collected (else collection stops with the reason): a copy that
+stopped being detected must not take its bare dir's tests away with it unnoticed.
 
 Streaming text in gets, per model, the input of a full-pipeline fixture case that streamed its
 text on that model (`full/*/cases`, raw_inputs.tts_pieces), with the case's LM modification
@@ -18,6 +20,8 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+
+import pytest
 
 from mizuoto.testing.contract import ENV_MODELS, ENV_STREAM_TEXT, Case
 from mizuoto.testing.cosyvoice_cases import assemble_model_dir
@@ -64,7 +68,7 @@ def _case_dir(item) -> Path | None:
 
 
 def pytest_collection_modifyitems(config, items):
-    bare = {d.resolve() for d in _BARE}
+    bare = {d.resolve(): a for d, a in zip(_BARE, ASSEMBLED)}
     keep, dropped = [], []
     for item in items:
         model_dir = _case_dir(item)
@@ -72,6 +76,13 @@ def pytest_collection_modifyitems(config, items):
             dropped.append(item)
             continue
         keep.append(item)
+    # a bare dir's items go only where its assembled copy's same test runs in their place
+    kept = {(item.originalname, _case_dir(item)) for item in keep}
+    lost = sorted({str(bare[_case_dir(item).resolve()]) for item in dropped
+                   if (item.originalname, bare[_case_dir(item).resolve()]) not in kept})
+    if lost:
+        raise pytest.UsageError(f"the contract suite has no (or not every) item for {', '.join(lost)} (not "
+                                "detected?), so the bare fixture dirs they replace cannot be deselected")
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = keep

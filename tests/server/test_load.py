@@ -20,7 +20,13 @@ COSY_TEXT = "Many requests arrive at once."
 MIX = [("cosy", COSY_TEXT, None), ("piper", PIPER_TEXT, None), ("slow", "abcdefgh", "audio"),
        ("piper", PIPER_TEXT, "sse"), ("cosy", COSY_TEXT, "sse"), ("tone", "abcdefghijkl", None),
        ("piper", PIPER_TEXT, "audio"), ("cosy", COSY_TEXT, "audio")] * 2
-VOICE = "load-test"  # the fixture clip, registered for the second half of the cosy requests
+VOICE = "load-test"
+# 50 cancelled streams, resident memory sampled after every 5. Measured 2026-12-01 on the 2-vCPU
+# dev machine, three runs: least-squares slope 0.20, 0.35 and 0.37 MiB per 10 streams, from
+# allocator steps of 0.7-1.7 MiB that come and go (no trend). A leak of 256 KiB per stream (less
+# than one cancelled CosyVoice stream's audio), simulated in this test, measured 2.16: the bound is 2.
+STREAMS, SAMPLE_EVERY = 50, 5
+SLOPE_MIB_PER_10 = 2.0  # the fixture clip, registered for the second half of the cosy requests
 
 
 def _cancelled(client) -> int:
@@ -144,16 +150,17 @@ def test_fifty_cancelled_streams_leave_no_growth(server, client, h):
         one()
     h.wait_idle(client)
     before, planned, rss = _cancelled(client), h.planned_memory(client), h.resident_bytes()
-    steps = []
-    for i in range(50):
+    done, steps = [0], [0.0]  # streams so far, resident MiB above the baseline after them
+    for i in range(STREAMS):
         one()
-        if i % 10 == 9:
+        if i % SAMPLE_EVERY == SAMPLE_EVERY - 1:
             h.wait_idle(client)
-            steps.append(round((h.resident_bytes() - rss) / 2**20, 1))
-    h.wait_idle(client)
-    assert _cancelled(client) - before == 50
+            done.append(i + 1)
+            steps.append((h.resident_bytes() - rss) / 2**20)
+    assert _cancelled(client) - before == STREAMS
     assert h.planned_memory(client) == planned
-    growth = h.resident_bytes() - rss
-    assert growth < 32 << 20, f"resident memory grew {growth / 2**20:.1f} MiB over 50 cancelled streams (MiB after each 10: {steps})"
+    slope = float(np.polyfit(done, steps, 1)[0]) * 10  # least squares, MiB per 10 streams
+    assert slope < SLOPE_MIB_PER_10, (f"resident memory grows {slope:.2f} MiB per 10 cancelled streams "
+                                      f"(MiB after each {SAMPLE_EVERY}: {[round(x, 1) for x in steps]})")
     for model in bodies:
         assert client.post("/v1/audio/speech", json={"model": model, **bodies[model], "input": "ab"}).status_code == 200

@@ -7,9 +7,11 @@ checked for level and plausible length.
 
 import base64
 import json
+import re
 
 import numpy as np
 import pytest
+import soundfile
 
 from mizuoto.server.audio import available_formats
 
@@ -32,6 +34,16 @@ def _voice(h, model) -> dict:
 
 def _speech(client, **body):
     return client.post("/v1/audio/speech", json=body)
+
+
+def test_every_codec_of_the_installed_libsndfile_is_offered():
+    """The per-format test below covers what available_formats() finds; it must find every codec the
+    installed libsndfile has (FLAC always; MP3 since 1.1.0, Ogg Opus since 1.0.29), so none drops out
+    of the test unseen."""
+    version = tuple(int(p) for p in re.findall(r"\d+", soundfile.__libsndfile_version__)[:3])
+    expected = {"wav", "pcm", "flac"} | ({"mp3"} if version >= (1, 1, 0) else set()) \
+        | ({"opus"} if version >= (1, 0, 29) else set())
+    assert set(available_formats()) == expected
 
 
 @pytest.mark.parametrize("fmt", available_formats())

@@ -12,6 +12,10 @@ from mizuoto.text.normalize.fast_tagger import FastTagger, fast_tagger
 _LINES = [line for line in read_jsonl(fixture_path("text", "normalize.jsonl")) if line["wetext"] is not None]
 
 
+def test_fixture_lines_were_found():
+    assert _LINES
+
+
 @functools.cache
 def _taggers(lang: str) -> tuple[kaldifst.TextNormalizer, FastTagger]:
     path = asset_path("wetext", "fsts", lang, "tn", "tagger.fst")

@@ -15,6 +15,10 @@ _LINES = read_jsonl(fixture_path("text", "normalize.jsonl"))
 _NORMALIZED = [line for line in _LINES if line["wetext"] is not None]
 
 
+def test_fixture_lines_were_found():
+    assert _LINES and _NORMALIZED
+
+
 @functools.cache
 def _normalizer(long_text_chars: int = 400) -> WetextNormalizer:
     return WetextNormalizer(asset_path("wetext", "fsts"), long_text_chars=long_text_chars)

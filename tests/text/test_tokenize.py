@@ -17,6 +17,10 @@ _IDS_KEY = re.compile(r"^(?P<prefix>.*?)_?ids_cv(?P<version>\d+)_(?P<tokenizer>[
 _LINES = read_jsonl(fixture_path("text", "tokenize.jsonl"))
 
 
+def test_fixture_lines_were_found():
+    assert _LINES and any(_IDS_KEY.match(key) for line in _LINES for key in line)
+
+
 def _tokenizer(version: str, name: str):
     if name == "whisper":
         return WhisperTokenizer.from_file(asset_path("whisper", "multilingual.tiktoken"))
@@ -94,5 +98,6 @@ def test_special_ids_seen_in_fixtures(version):
     tok = QwenTokenizer.from_dir(asset_path("cosyvoice", "CosyVoice-BlankEN"), version=version)
     pattern = "cv2_qwen" if version == "cosyvoice2" else "cv3_qwen"
     pairs = _ids_of_specials_in_fixtures(tok, pattern)
+    assert pairs, f"no fixture line of {pattern} holds a special token"
     for special, sid in pairs:
         assert tok.encode(special) == [sid]

@@ -7,6 +7,7 @@ adds the front-end ONNX files and tokenizer files. Dirs and clips are discovered
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,8 @@ def version_of(model_dir: Path) -> int:
 _DIR_PARAMS = {
     "variant_dir": lambda d: True,
     "stream_in_dir": lambda d: version_of(d) >= 2,               # streaming text in (bistream)
+    "no_stream_in_dir": lambda d: version_of(d) < 2,             # upstream streams text only on v2/v3
+    "qwen_lm_dir": lambda d: version_of(d) >= 2,                 # a Qwen2 LM with a static KV cache
     # v2's Qwen2LM bistream; v3's raises on any special token but eos/fill, which its tiny
     # random-weight LM draws within a few dozen steps (see test_bistream.py)
     "bistream_dir": lambda d: version_of(d) == 2,
@@ -77,3 +80,33 @@ def runtime(assembled):
     names = {d: rt.load(path, name=f"cosyvoice-{d.parent.name}") for d, path in assembled.items()}
     yield rt, names
     rt.close()
+
+
+def upstream_chunk_count(version: int, tokens: int, flow: dict, prompt_tokens: int) -> int:
+    """How many chunks upstream's model.tts streams for one segment of `tokens` speech tokens.
+
+    Written from cosyvoice/cli/model.py: CosyVoice 1 cuts a chunk whenever hop + 20 overlap tokens
+    are waiting (hop = 2 s of tokens, fixed); CosyVoice 2/3 whenever hop + look-ahead tokens lie past
+    the offset, the first hop padded so the prompt ends on a hop boundary, hops 25 doubling to 100.
+    The remaining tokens always make one more (final) chunk.
+    """
+    count = 0
+    if version == 1:
+        hop, start = 2 * int(flow["input_frame_rate"]), 0
+        while tokens - start >= hop + 20:
+            count, start = count + 1, start + hop
+        return count + 1
+    lookahead = int(flow.get("pre_lookahead_len", 0))
+    pad = math.ceil(prompt_tokens / 25) * 25 - prompt_tokens
+    hop, offset = 25, 0
+    while True:
+        this_hop = hop + pad if offset == 0 else hop
+        if tokens - offset < this_hop + lookahead:
+            return count + 1
+        count, offset, hop = count + 1, offset + this_hop, min(100, 2 * hop)
+
+
+@pytest.fixture
+def upstream_chunks():
+    """upstream_chunk_count: how many chunks upstream streams for a segment's speech tokens."""
+    return upstream_chunk_count

@@ -30,7 +30,7 @@ OLD_DIRS = [p for p in MODEL_DIRS if find_variant(p).version < 2]
 
 
 def test_model_dirs_were_found():
-    assert QWEN_DIRS and V2_DIRS
+    assert QWEN_DIRS and V2_DIRS and OLD_DIRS
 
 
 def _bench_json(capsys, argv: list[str]) -> dict:

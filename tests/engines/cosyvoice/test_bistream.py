@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from mizuoto.runtime.engine import Reference, SynthesisRequest
+from mizuoto.runtime.hyperyaml import load_hyperyaml
 from mizuoto.errors import InvalidRequest, MizuotoError
 
 WORDS = ("one two three four five six seven eight nine ten " * 4).split()
@@ -44,12 +45,30 @@ def _record_tokens(model, monkeypatch) -> list[list[int]]:
     return seen
 
 
-def test_audio_arrives_while_text_is_read(runtime, bistream_dir, clip, monkeypatch):
+def test_audio_arrives_while_text_is_read(runtime, bistream_dir, clip, monkeypatch, upstream_chunks):
+    """The first chunk is handed out as soon as the LM has spoken the first hop, text still unread.
+
+    When that is depends on the LM (a random-weight one may draw the fill token early), so it is
+    read from the run: how many pieces had been read when each speech token came out.
+    """
     rt, names = runtime
     name = names[bistream_dir]
-    tokens = _record_tokens(rt.model(name), monkeypatch)
+    model = rt.model(name)
+    tokens = _record_tokens(model, monkeypatch)
+    read_when_spoken: list[int] = []
+    pieces = None
+    bistream = model.llm.generate_bistream
+
+    def recording(*args, **kwargs):
+        for token in bistream(*args, **kwargs):
+            read_when_spoken.append(pieces.read)
+            yield token
+    monkeypatch.setattr(model.llm, "generate_bistream", recording)
+    yaml = load_hyperyaml(next(bistream_dir.glob("cosyvoice*.yaml")))
+    prompt_tokens = model.frontend.voice_prompt(str(clip), REF_TEXT)["flow_prompt_speech_token"].shape[1]
     runs = []
     for _ in range(2):
+        read_when_spoken.clear()
         pieces = Pieces(WORDS)
         request = SynthesisRequest(pieces, voice=Reference(str(clip), REF_TEXT), seed=21, stream=True)
         assert request.mode is None and request.text_streamed
@@ -57,12 +76,18 @@ def test_audio_arrives_while_text_is_read(runtime, bistream_dir, clip, monkeypat
         for chunk in rt.synthesize(name, request):
             read_at.append(pieces.read)
             chunks.append(chunk)
-        assert len(chunks) >= 2 and chunks[-1].final and not any(c.final for c in chunks[:-1])
-        assert read_at[0] < len(WORDS), "the first chunk waited for the whole text"
+        spoken = len(read_when_spoken)
+        assert len(chunks) == upstream_chunks(model.variant.version, spoken, yaml["flow"], prompt_tokens)
+        assert chunks[-1].final and not any(c.final for c in chunks[:-1])
         assert all(c.samples.numel() > 0 for c in chunks[:-1])
-        runs.append(chunks)
+        if len(chunks) > 1:
+            # the first chunk came out when the token that completed the first hop did
+            first_hop = next(n for n in range(1, spoken + 1)
+                             if upstream_chunks(model.variant.version, n, yaml["flow"], prompt_tokens) > 1)
+            assert read_at[0] == read_when_spoken[first_hop - 1], "the first chunk waited for more text"
+        runs.append((chunks, read_at[0]))
     assert len(tokens) == 2 and tokens[0] == tokens[1] and len(tokens[0]) > 0, "tokens differ for one seed"
-    assert all(torch.equal(a.samples, b.samples) for a, b in zip(*runs))
+    assert all(torch.equal(a.samples, b.samples) for a, b in zip(runs[0][0], runs[1][0]))
 
 
 def test_instruct_takes_streamed_text(runtime, bistream_dir, clip):
@@ -116,10 +141,9 @@ def test_without_reference_text_is_refused(runtime, stream_in_dir, clip):
         next(model.llm.generate_bistream(iter([]), torch.zeros(1, 0, dtype=torch.int32)))
 
 
-def test_v1_refuses_streamed_text(runtime, variant_dir, clip):
+def test_v1_refuses_streamed_text(runtime, no_stream_in_dir, clip):
     rt, names = runtime
-    name = names[variant_dir]
-    if rt.model(name).capabilities.stream_in:
-        return
+    name = names[no_stream_in_dir]
+    assert not rt.model(name).capabilities.stream_in
     with pytest.raises(InvalidRequest, match="streamed text"):
         rt.synthesize(name, SynthesisRequest(Pieces(WORDS), voice=Reference(str(clip), REF_TEXT), stream=True))

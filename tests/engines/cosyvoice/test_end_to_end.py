@@ -10,8 +10,10 @@ import contextlib
 import math
 from pathlib import Path
 
+import pytest
 import torch
 
+from mizuoto.errors import InvalidRequest
 from mizuoto.runtime.engine import Reference, SynthesisRequest
 from mizuoto.runtime.hyperyaml import load_hyperyaml
 
@@ -90,14 +92,15 @@ def test_cross_lingual_and_speed(runtime, variant_dir, clip):
 
 
 def test_instruct_with_a_reference(runtime, variant_dir, clip):
-    """v2/v3 instruct2 takes a reference voice; v1's instruct needs a preset (see test_errors)."""
+    """v2/v3 instruct2 takes a reference voice; v1's instruct refuses one: it needs a preset speaker."""
     rt, names = runtime
     name = names[variant_dir]
     model = rt.model(name)
-    if model.variant.instruct_mode != "instruct2":
-        assert "instruct" not in model.capabilities.modes or model.presets
-        return
     request = SynthesisRequest(TEXT, voice=Reference(str(clip)), instruct=INSTRUCT, seed=5)
+    if model.variant.instruct_mode != "instruct2":
+        with pytest.raises(InvalidRequest, match="preset"):
+            list(rt.synthesize(name, request))
+        return
     with stages_run(model) as ran:
         audio = one(rt, name, request)
     assert ran == {s.name for s in model.stages}
@@ -148,18 +151,57 @@ def test_cached_voice_reuses_the_prompt_without_the_front_end(runtime, variant_d
     assert torch.equal(by_id, by_ref), "a cached voice must speak exactly as its reference"
 
 
-def test_streaming_out(runtime, variant_dir, clip):
+def test_streaming_out(runtime, variant_dir, clip, monkeypatch, upstream_chunks):
+    """A long sentence streams as upstream would chunk the tokens the LM spoke (read from the run:
+    a random-weight LM may stop early on a stop id, so how many chunks is not assumed)."""
     rt, names = runtime
     name = names[variant_dir]
     model = rt.model(name)
-    # one sentence long enough that the LM's minimum length passes the first hop
+    spoken: list[list[int]] = []
+    make = model.synthesizer
+
+    def synthesizer(with_lm: bool = True):
+        synth = make(with_lm)
+        synth.on_tokens = spoken.append
+        return synth
+    monkeypatch.setattr(model, "synthesizer", synthesizer)
     words = " ".join(["one two three four five six seven eight nine ten"] * 7) + "."
     request = SynthesisRequest(words, voice=Reference(str(clip), REF_TEXT), seed=11, stream=True)
     with stages_run(model) as ran:
         chunks = run(rt, name, request)
     assert ran == {s.name for s in model.stages}
-    assert len(chunks) >= 2, "a long sentence must stream in several chunks"
+    yaml = load_hyperyaml(next(variant_dir.glob("cosyvoice*.yaml")))
+    prompt_tokens = model.frontend.voice_prompt(str(clip), REF_TEXT)["flow_prompt_speech_token"].shape[1]
+    assert spoken, "no segment was spoken"
+    expected = sum(upstream_chunks(model.variant.version, len(t), yaml["flow"], prompt_tokens) for t in spoken)
+    assert len(chunks) == expected, f"{[len(t) for t in spoken]} tokens: {len(chunks)} chunks, upstream {expected}"
     assert all(c.sample_rate == model.capabilities.sample_rate for c in chunks)
     assert [c.final for c in chunks] == [False] * (len(chunks) - 1) + [True]
     again = run(rt, name, request)
     assert len(again) == len(chunks) and all(torch.equal(a.samples, b.samples) for a, b in zip(chunks, again))
+
+
+# CosyVoice3Model.__init__ (upstream ace7c47) lists these FSQ ids as silent/breath tokens, and its
+# llm_job passes at most five in a row to the flow; CosyVoice and CosyVoice2 models list none.
+UPSTREAM_V3_SILENT = (1, 2, 28, 29, 55, 248, 494, 2241, 2242, 2322, 2323)
+
+
+def test_silent_runs_reach_the_flow_as_upstream(runtime, variant_dir, clip, monkeypatch):
+    """A constructed LM stream with long silent runs: only CosyVoice 3 drops the sixth and later of a run."""
+    rt, names = runtime
+    name = names[variant_dir]
+    model = rt.model(name)
+    s = UPSTREAM_V3_SILENT
+    stream = [100, 101, *s[:8], 300, *[s[9]] * 3, *[s[10]] * 4, 7, 8, *[s[4]] * 6]
+    v3 = load_hyperyaml(next(variant_dir.glob("cosyvoice*.yaml")))["llm"].cls == "CosyVoice3LM"
+    want = ([100, 101, *s[:5], 300, *[s[9]] * 3, *[s[10]] * 2, 7, 8, *[s[4]] * 5] if v3 else stream)
+    monkeypatch.setattr(model.llm, "generate", lambda *args, **kwargs: iter(stream))
+    seen = []
+    token2mel = model.flow.token2mel
+
+    def flow(token, *args, **kwargs):
+        seen.append(token.flatten().tolist())
+        return token2mel(token, *args, **kwargs)
+    monkeypatch.setattr(model.flow, "token2mel", flow)
+    one(rt, name, SynthesisRequest("Hello.", voice=Reference(str(clip)), seed=1))
+    assert seen == [want]

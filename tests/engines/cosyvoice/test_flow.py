@@ -53,6 +53,9 @@ def _standalone(ref: CaseRef) -> bool:
 CASES = [ref for ref in list_cases() if _flow_class(ref.model_dir) in SUPPORTED and _standalone(ref)]
 CALLS = [(ref, i) for ref in CASES for i in range(len(json.loads(ref.json_path.read_text())["flow_calls"]))]
 MODEL_DIRS = sorted({ref.model_dir for ref in list_cases() if _flow_class(ref.model_dir) in SUPPORTED})
+# loading and sizes: every model dir, CosyVoice 3's DiT flow included (its mel is checked end to
+# end in test_cases.py)
+ALL_DIRS = sorted({ref.model_dir for ref in list_cases()})
 
 
 def _load_flow(model_dir: Path):
@@ -100,6 +103,7 @@ def results() -> dict[str, list[dict]]:
 
 
 def test_cases_were_found():
+    assert ALL_DIRS and {_flow_class(d) for d in ALL_DIRS} <= SUPPORTED | {"CausalMaskedDiffWithDiT"}
     assert any(_flow_class(r.model_dir) == "CausalMaskedDiffWithXvec" for r in CASES), "no v2 flow case found"
     assert CALLS
 
@@ -149,7 +153,7 @@ def test_fixed_noise_is_generated_once():
 
 # --- building and loading ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("model_dir", MODEL_DIRS, ids=[d.parent.name for d in MODEL_DIRS])
+@pytest.mark.parametrize("model_dir", ALL_DIRS, ids=[d.parent.name for d in ALL_DIRS])
 def test_flow_pt_loads_strictly_with_upstream_keys(model_dir):
     flow, _ = _load_flow(model_dir)
     state = torch.load(model_dir / "flow.pt", weights_only=True)
@@ -159,16 +163,27 @@ def test_flow_pt_loads_strictly_with_upstream_keys(model_dir):
     assert not flow.training
 
 
-@pytest.mark.parametrize("model_dir", MODEL_DIRS, ids=[d.parent.name for d in MODEL_DIRS])
+@pytest.mark.parametrize("model_dir", ALL_DIRS, ids=[d.parent.name for d in ALL_DIRS])
 def test_sizes_come_from_the_yaml(model_dir):
     config = load_hyperyaml(next(model_dir.glob("cosyvoice*.yaml")))
     flow = build_flow(config)
     node = config["flow"]
     assert flow.input_embedding.weight.shape == (node["vocab_size"], node["input_size"])
-    assert flow.encoder.output_size() == node["encoder"]["output_size"]
-    estimator = flow.decoder.estimator
-    assert estimator.in_channels == node["decoder"]["estimator"]["in_channels"]
     assert flow.decoder.inference_cfg_rate == node["decoder"]["cfm_params"]["content"]["inference_cfg_rate"]
+    est_node, estimator = node["decoder"]["estimator"], flow.decoder.estimator
+    if node.cls == "CausalMaskedDiffWithDiT":
+        layer = node["pre_lookahead_layer"]
+        assert flow.pre_lookahead_layer.conv1.weight.shape == (layer["channels"], layer["in_channels"],
+                                                               layer["pre_lookahead_len"] + 1)
+        assert flow.pre_lookahead_len == node["pre_lookahead_len"] and flow.token_mel_ratio == node["token_mel_ratio"]
+        assert len(estimator.transformer_blocks) == est_node["depth"]
+        assert estimator.proj_out.weight.shape == (est_node["mel_dim"], est_node["dim"])
+        assert estimator.transformer_blocks[0].attn.heads == est_node["heads"]
+        assert estimator.transformer_blocks[0].attn.to_q.weight.shape == (est_node["heads"] * est_node["dim_head"],
+                                                                         est_node["dim"])
+        return
+    assert flow.encoder.output_size() == node["encoder"]["output_size"]
+    assert estimator.in_channels == est_node["in_channels"]
 
 
 def test_missing_and_unexpected_keys_are_named(tmp_path):

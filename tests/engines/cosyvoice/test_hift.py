@@ -115,11 +115,41 @@ def _load(model_dir: Path, path: Path | None = None):
     return load_hift(path or model_dir / "hift.pt", config, noise), config, noise
 
 
+def _upstream_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """hift.pt in torch >= 2.1 key style, whatever style the file uses (a tree may hold either).
+
+    Upstream's loader strips a `generator.` prefix; legacy `weight_g` / `weight_v` are the
+    parametrization's original0 / original1.
+    """
+    out = {}
+    for key, value in state.items():
+        key = key.removeprefix("generator.")
+        key = key.replace(".weight_g", ".parametrizations.weight.original0")
+        key = key.replace(".weight_v", ".parametrizations.weight.original1")
+        out[key] = value
+    return out
+
+
+def _legacy_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The same state in legacy style under a `generator.` prefix."""
+    out = {}
+    for key, value in _upstream_keys(state).items():
+        key = key.replace(".parametrizations.weight.original0", ".weight_g")
+        key = key.replace(".parametrizations.weight.original1", ".weight_v")
+        out[f"generator.{key}"] = value
+    return out
+
+
+def _hift_state(model_dir: Path) -> dict[str, torch.Tensor]:
+    return _upstream_keys(torch.load(model_dir / "hift.pt", weights_only=True))
+
+
 @pytest.mark.parametrize("model_dir", MODEL_DIRS, ids=[d.parent.name for d in MODEL_DIRS])
 def test_every_fixture_hift_loads_strictly(model_dir):
     model, config, _ = _load(model_dir)
-    state = torch.load(model_dir / "hift.pt", weights_only=True)
+    state = _hift_state(model_dir)
     normed = model.weight_normed()
+    assert normed, "no weight-normed conv found"
     # Each weight-normed conv arrives as two tensors (g, v) and becomes one weight.
     assert len(model.state_dict()) == len(state) - len(normed)
     for name in normed:
@@ -130,16 +160,13 @@ def test_every_fixture_hift_loads_strictly(model_dir):
         assert torch.equal(model.get_parameter(f"{name}.weight"), fold_weight_norm(g, v, dtype)), name
 
 
+@pytest.mark.parametrize("style", [_upstream_keys, _legacy_keys], ids=["parametrizations", "legacy-generator"])
 @pytest.mark.parametrize("model_dir", MODEL_DIRS, ids=[d.parent.name for d in MODEL_DIRS])
-def test_legacy_weight_norm_keys_and_generator_prefix(model_dir, tmp_path):
+def test_both_weight_norm_key_styles_load_the_same(model_dir, style, tmp_path):
     model, config, noise = _load(model_dir)
-    legacy = {}
-    for key, value in torch.load(model_dir / "hift.pt", weights_only=True).items():
-        key = key.replace(".parametrizations.weight.original0", ".weight_g")
-        key = key.replace(".parametrizations.weight.original1", ".weight_v")
-        legacy[f"generator.{key}"] = value
-    torch.save(legacy, tmp_path / "hift.pt")
+    torch.save(style(torch.load(model_dir / "hift.pt", weights_only=True)), tmp_path / "hift.pt")
     again = load_hift(tmp_path / "hift.pt", config, noise)
+    assert list(model.state_dict()) == list(again.state_dict())
     for (name, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items()):
         assert torch.equal(a, b), name
 
@@ -161,7 +188,7 @@ def test_v3_f0_predictor_is_float64():
 def _state_and_model(model_dir):
     config = load_hyperyaml(next(model_dir.glob("cosyvoice*.yaml")))
     noise = cosyvoice3_noise(config) if config["hift"].cls == "CausalHiFTGenerator" else None
-    return torch.load(model_dir / "hift.pt", weights_only=True), build_hift(config, noise)
+    return _hift_state(model_dir), build_hift(config, noise)
 
 
 def test_missing_and_unexpected_keys_are_named():

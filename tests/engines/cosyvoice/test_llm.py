@@ -64,14 +64,62 @@ def test_global_generator_draws_the_same():
 @pytest.mark.parametrize("ref", [r for r in LM_CASES if _lm_class(r) == "CosyVoice3LM"],
                          ids=lambda r: r.id)
 def test_v3_silent_runs_dropped_before_flow(ref):
+    """The recorded flow tokens are the raw LM tokens after the filter (no fixture has a run longer
+    than five, so the rule itself is checked on constructed streams below and in test_end_to_end)."""
     case = load_case(ref)
     last_flow = max(int(k.split(".")[1]) for k in case.tensors if k.startswith("flow.") and k.endswith(".token"))
     filtered = list(drop_silent_runs(case["lm.tokens_raw"].tolist()))
     assert filtered == case[f"flow.{last_flow}.token"].flatten().tolist()
 
 
-def test_drop_silent_runs_counts_runs_of_any_silent_ids():
-    assert list(drop_silent_runs([1, 2, 28, 29, 55, 248, 494, 7, 1, 1])) == [1, 2, 28, 29, 55, 7, 1, 1]
+# Upstream's definition, written out here rather than read from the implementation: at ace7c47,
+# CosyVoice3Model.__init__ sets silent_tokens to these FSQ ids ("silent and breath" tokens), and
+# llm_job counts consecutive tokens from that list, keeps the first five of a run (max 5) and
+# skips the rest; any other token resets the count. The count keeps rising over skipped tokens.
+UPSTREAM_V3_SILENT = (1, 2, 28, 29, 55, 248, 494, 2241, 2242, 2322, 2323)
+UPSTREAM_MAX_SILENT = 5
+
+
+def _upstream_llm_job(tokens: list[int]) -> list[int]:
+    kept, run = [], 0
+    for t in tokens:
+        if t in UPSTREAM_V3_SILENT:
+            run += 1
+            if run > UPSTREAM_MAX_SILENT:
+                continue
+        else:
+            run = 0
+        kept.append(t)
+    return kept
+
+
+def test_drop_silent_runs_keeps_five_of_a_run_of_upstreams_silent_ids():
+    s = UPSTREAM_V3_SILENT
+    # a run of exactly five is kept whole; the sixth and later of a run are dropped
+    assert list(drop_silent_runs([7, *s[:5], 8])) == [7, *s[:5], 8]
+    assert list(drop_silent_runs([7, *s, 8])) == [7, *s[:5], 8]
+    # a run may start the stream, end it, and mix any of the ids (the last s[10] opens a run of seven)
+    assert list(drop_silent_runs([s[3]] * 9)) == [s[3]] * 5
+    assert list(drop_silent_runs([9, s[10]] * 2 + [s[0]] * 6)) == [9, s[10], 9, s[10], *[s[0]] * 4]
+    # a non-silent token resets the count; silence of any length before it does not carry over
+    assert list(drop_silent_runs([*s[:6], 100, *s[5:]])) == [*s[:5], 100, *s[5:10]]
+    # every listed id counts as silent: seven of one id keep five
+    for sid in s:
+        assert list(drop_silent_runs([0, *[sid] * 7, 0])) == [0, *[sid] * 5, 0], sid
+    # ids next to the listed ones are speech
+    speech = [0, 3, 27, 30, 54, 56, 247, 249, 493, 495, 2240, 2243, 2321, 2324, 6560]
+    assert list(drop_silent_runs(speech * 2)) == speech * 2
+
+
+def test_drop_silent_runs_equals_upstreams_rule_on_random_streams():
+    """Streams dense in silent ids (half of the draws), against llm_job's rule written out above."""
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        n = int(torch.randint(0, 60, (1,), generator=gen))
+        silent = torch.tensor(UPSTREAM_V3_SILENT)[torch.randint(0, len(UPSTREAM_V3_SILENT), (n,), generator=gen)]
+        speech = torch.randint(0, 6561, (n,), generator=gen)
+        tokens = torch.where(torch.rand(n, generator=gen) < 0.5, silent, speech).tolist()
+        assert list(drop_silent_runs(iter(tokens))) == _upstream_llm_job(tokens), tokens
 
 
 @pytest.mark.parametrize("model_dir", QWEN_MODEL_DIRS, ids=lambda p: p.parent.name)
