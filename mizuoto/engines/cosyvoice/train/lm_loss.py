@@ -157,3 +157,59 @@ def qwen_lm_loss(lm, batch: dict, device: torch.device, smoothing: float = 0.0, 
     loss = label_smoothing_loss(logits, target, smoothing, normalize_length)
     acc = accuracy(logits.view(-1, lm.llm_decoder.out_features), target)
     return {"loss": loss, "acc": acc}
+
+
+def transformer_lm_loss(lm, batch: dict, device: torch.device, smoothing: float = 0.0,
+                        normalize_length: bool = True, checkpointing: bool = False) -> dict[str, torch.Tensor]:
+    """{'loss', 'acc'} of a CosyVoice 1 TransformerLM batch (upstream TransformerLM.forward)."""
+    text = batch["text_token"].to(device)
+    text_len = batch["text_token_len"].to(device)
+    speech = batch["speech_token"].to(device)
+    speech_len = batch["speech_token_len"].to(device)
+    embedding = batch["embedding"].to(device)
+    targets = [torch.tensor([IGNORE_ID] * (2 + int(text_len[i])) + speech[i, :speech_len[i]].tolist()
+                            + [lm.speech_token_size]) for i in range(text.size(0))]
+    target = pad_sequence(targets, batch_first=True, padding_value=IGNORE_ID).to(device)
+    encoded, mask = _run_encoder(lm.text_encoder, lm.text_embedding(text), text_len, checkpointing,
+                                 decoding_chunk_size=1, num_decoding_left_chunks=-1)
+    encoded_len = mask.squeeze(1).sum(1)
+    encoded = lm.text_encoder_affine_layer(encoded)
+    embedding = lm.spk_embed_affine_layer(F.normalize(embedding, dim=1)).unsqueeze(1)
+    sos = lm.llm_embedding.weight[0].reshape(1, 1, -1).squeeze(dim=0)
+    task_id = lm.llm_embedding.weight[1].reshape(1, 1, -1).squeeze(dim=0)
+    speech_emb = lm.speech_embedding(speech)
+    encoded = unpad_sequence(encoded, encoded_len.cpu(), batch_first=True)
+    speech_emb = unpad_sequence(speech_emb, speech_len.cpu(), batch_first=True)
+    inputs = [torch.concat([sos, embedding[i], encoded[i], task_id, speech_emb[i]], dim=0)
+              for i in range(len(encoded))]
+    lengths = torch.tensor([x.size(0) for x in inputs], dtype=torch.int32)
+    lm_input = pad_sequence(inputs, batch_first=True, padding_value=IGNORE_ID)
+    hidden, _ = _run_encoder(lm.llm, lm_input, lengths.to(device), checkpointing)
+    logits = lm.llm_decoder(hidden)
+    loss = label_smoothing_loss(logits, target, smoothing, normalize_length)
+    acc = accuracy(logits.view(-1, lm.speech_token_size + 1), target)
+    return {"loss": loss, "acc": acc}
+
+
+def _run_encoder(encoder, xs: torch.Tensor, lengths: torch.Tensor, checkpointing: bool, **kwargs):
+    """A wenet encoder's forward; with checkpointing its layers recompute during backward."""
+    if not (checkpointing and torch.is_grad_enabled()):
+        return encoder(xs, lengths, **kwargs)
+    return checkpointed_encoder(encoder, xs, lengths, **kwargs)
+
+
+def checkpointed_encoder(encoder, xs: torch.Tensor, lengths: torch.Tensor, decoding_chunk_size: int = 0,
+                         num_decoding_left_chunks: int = -1):
+    """BaseEncoder.forward with each layer under torch.utils.checkpoint (dropout draws replayed)."""
+    from mizuoto.nn.transformer.masks import add_optional_chunk_mask, make_pad_mask
+
+    masks = ~make_pad_mask(lengths, xs.size(1)).unsqueeze(1)
+    xs, pos_emb, masks = encoder.embed(xs, masks)
+    chunk_masks = add_optional_chunk_mask(xs, masks, encoder.static_chunk_size, decoding_chunk_size,
+                                          num_decoding_left_chunks, encoder.use_dynamic_chunk)
+    for layer in encoder.encoders:
+        xs = checkpoint(lambda x, m, p, mp, layer=layer: layer(x, m, p, mp)[0], xs, chunk_masks, pos_emb,
+                        masks, use_reentrant=False)
+    if encoder.normalize_before:
+        xs = encoder.after_norm(xs)
+    return xs, masks

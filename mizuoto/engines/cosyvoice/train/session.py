@@ -17,10 +17,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from mizuoto.engines.cosyvoice.frontend import CosyVoiceFrontend
-from mizuoto.engines.cosyvoice.llm import QwenSpeechLM, build_lm
+from mizuoto.engines.cosyvoice.llm import QwenSpeechLM, TransformerSpeechLM, build_lm
 from mizuoto.engines.cosyvoice.train.checkpoint import UpstreamState, read_checkpoint, tensors_of
 from mizuoto.engines.cosyvoice.train.features import load_features
-from mizuoto.engines.cosyvoice.train.lm_loss import qwen_lm_loss
+from mizuoto.engines.cosyvoice.train.lm_loss import qwen_lm_loss, transformer_lm_loss
 from mizuoto.engines.cosyvoice.train.pipeline import TrainData, pipeline_stages, recipe_rows
 from mizuoto.engines.cosyvoice.train.recipe import read_recipe
 from mizuoto.engines.cosyvoice.train.trainer import Loaders, Trainer, TrainLog
@@ -120,6 +120,8 @@ def model_forward(model: torch.nn.Module, config: dict, memory: bool) -> Callabl
     normalize = bool(node.get("length_normalized_loss", True))
     if isinstance(model, QwenSpeechLM):
         return lambda batch, device: qwen_lm_loss(model, batch, device, smoothing, normalize, memory)
+    if isinstance(model, TransformerSpeechLM):
+        return lambda batch, device: transformer_lm_loss(model, batch, device, smoothing, normalize, memory)
     raise InvalidRequest(f"training {type(model).__name__} is not supported yet")
 
 
