@@ -18,7 +18,7 @@ import torch
 from mizuoto.engines.cosyvoice.frontend import CosyVoiceFrontend
 from mizuoto.engines.cosyvoice.train.recipe import Utterance, check_audio
 from mizuoto.engines.cosyvoice.variants import Variant
-from mizuoto.errors import AudioError
+from mizuoto.errors import AudioError, ModelLoadError
 from mizuoto.files import atomic_write_bytes
 
 FILES = ("utt2speech_token.pt", "utt2embedding.pt", "spk2embedding.pt")
@@ -33,7 +33,11 @@ def _saved(obj) -> bytes:
 def extract_features(model_dir: Path, variant: Variant, config: dict, utts: list[Utterance],
                      progress: Callable[[int, int], None] | None = None) -> tuple[dict, dict, dict]:
     """(utt2speech_token, utt2embedding, spk2embedding) as upstream's tools build them."""
-    check_audio(utts)
+    token_rate = token_frame_rate(config)
+    for utt, (frames, rate) in check_audio(utts).items():
+        if frames * token_rate < rate:
+            raise AudioError(f"{utt}: audio of {frames / rate * 1000:.0f} ms is shorter than one speech token "
+                             f"({1000 / token_rate:.0f} ms)")
     frontend = CosyVoiceFrontend(model_dir, variant, config)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # upstream's onnxruntime sessions run one intra-op thread
@@ -53,6 +57,15 @@ def extract_features(model_dir: Path, variant: Variant, config: dict, utts: list
         torch.set_num_threads(threads)
     spk2emb = {spk: torch.tensor(v).mean(dim=0).tolist() for spk, v in spk_embs.items()}
     return utt2token, utt2emb, spk2emb
+
+
+def token_frame_rate(config: dict) -> float:
+    """Speech tokens per second (the flow's input_frame_rate in the yaml)."""
+    flow = config.get("flow")
+    rate = flow.get("input_frame_rate") if flow is not None else None
+    if rate is None:
+        raise ModelLoadError("the yaml's flow has no input_frame_rate (speech tokens per second)")
+    return float(rate)
 
 
 def write_features(dest: Path, features: tuple[dict, dict, dict]) -> None:

@@ -143,7 +143,7 @@ def make_loaders(spec: StageSpec, variant: Variant, config: dict) -> Loaders:
     return Loaders(train_set, loader(train_set), loader(cv_set))
 
 
-def run_training(spec: StageSpec, on_batch: Callable | None = None) -> TrainLog:
+def run_training(spec: StageSpec, on_batch: Callable | None = None, save_init: bool = True) -> TrainLog:
     """Train one model as upstream's bin/train.py: init.pt, then epoch_<E>_whole.pt per epoch, in <out>/<model>/."""
     variant, model_config = open_model_dir(spec.model_dir)
     config = train_config(spec, variant, model_config)
@@ -159,7 +159,8 @@ def run_training(spec: StageSpec, on_batch: Callable | None = None) -> TrainLog:
     trainer = Trainer(model, forward, state, conf, spec.out_dir / spec.model, device,
                       start_epoch=int(start.get("epoch", -1)), start_step=int(start.get("step", 0)),
                       on_batch=on_batch)
-    trainer.save_init()
+    if save_init:
+        trainer.save_init()
     return trainer.run(loaders)
 
 

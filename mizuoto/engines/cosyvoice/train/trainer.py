@@ -19,6 +19,7 @@ from torch.nn.utils import clip_grad_norm_
 from torch.utils.data import DataLoader
 
 from mizuoto.engines.cosyvoice.train.checkpoint import UpstreamState, save_checkpoint
+from mizuoto.engines.cosyvoice.train.export import write_sidecar
 from mizuoto.engines.cosyvoice.train.schedulers import make_optimizer
 
 
@@ -76,8 +77,10 @@ class Trainer:
             self.epoch = epoch
             loaders.train_set.set_epoch(epoch)
             self.train_epoch(loaders.train)
-            self.validate(loaders.cv)
+            means = self.validate(loaders.cv)
             self._save(f"epoch_{epoch}_whole")
+            write_sidecar(self.exp_dir / f"epoch_{epoch}_whole.yaml", epoch, self.step, means,
+                          self.optimizer.param_groups[0]["lr"])
         return self.log
 
     def train_epoch(self, loader: DataLoader) -> None:

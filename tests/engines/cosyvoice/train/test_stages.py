@@ -1,0 +1,146 @@
+"""`mizuoto train cosyvoice` end to end: CLI stages, export + averaging, and every bad input as one line."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from mizuoto.cli.main import main
+from mizuoto.engines.cosyvoice.train.export import average_checkpoints
+from mizuoto.runtime.api import Runtime
+from mizuoto.runtime.engine import Reference, SynthesisRequest
+from mizuoto.testing.train_cases import train_runs
+
+LLM_RUNS = sorted({run for run, _ in train_runs() if run.name == "llm"})
+assert LLM_RUNS, "no recorded llm training runs"
+RUN = LLM_RUNS[0]  # any one run: these tests check plumbing, not numbers
+
+
+def _train_args(model_dir: Path, data: Path, out: Path, *extra: str) -> list[str]:
+    return ["train", "cosyvoice", "--method", "llm", "--from", str(model_dir), "--data", str(data),
+            "--out", str(out), "--config", str(RUN / "train.yaml"), *extra]
+
+
+@pytest.fixture
+def data_copy(tmp_path) -> Path:
+    """A writable copy of the run's recipe folder (wav.scp paths are relative)."""
+    dest = tmp_path / "data"
+    shutil.copytree(RUN.parent / "data", dest, ignore=shutil.ignore_patterns("parquet"))
+    return dest
+
+
+def _one_line_error(capsys, argv: list[str], *words: str) -> str:
+    capsys.readouterr()
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("mizuoto: error: ") and "\n" not in err, err
+    for w in words:
+        assert w in err, err
+    return err
+
+
+def _untouched(out: Path) -> None:
+    assert not out.exists() or not any(out.rglob("*")), sorted(out.rglob("*"))
+
+
+def test_train_features_llm_export_then_say(capsys, assembled, tmp_path):
+    model_dir = assembled(RUN.parent)
+    out = tmp_path / "run"
+    assert main(_train_args(model_dir, RUN.parent / "data", out)) == 0
+    for name in ("utt2speech_token.pt", "utt2embedding.pt", "spk2embedding.pt"):
+        assert (out / "features" / name).is_file()
+    epochs = sorted((out / "llm").glob("epoch_*_whole.pt"))
+    assert epochs and (out / "llm" / "init.pt").is_file() and (out / "llm" / "metrics.json").is_file()
+    export = out / "export"
+    assert (export / "llm.pt").is_file()
+    # the export is the start dir with the trained LM: Mizuoto loads it and speaks
+    rt = Runtime()
+    model = rt.load(str(export))
+    wav = RUN.parent / "data" / sorted((RUN.parent / "data" / "wavs").iterdir())[0]
+    text = (RUN.parent / "data" / "text").read_text(encoding="utf-8").splitlines()[0].split(maxsplit=1)[1]
+    chunks = list(rt.synthesize(model, SynthesisRequest(text="Hello there.", voice=Reference(str(wav), text), seed=0)))
+    assert chunks and chunks[-1].final and chunks[0].samples.numel() > 0
+    # a second run into the same --out is refused; --resume continues (no epoch left: nothing retrained)
+    _one_line_error(capsys, _train_args(model_dir, RUN.parent / "data", out), "already holds a run", "--resume")
+    before = (out / "llm" / "init.pt").read_bytes()
+    assert main(_train_args(model_dir, RUN.parent / "data", out, "--resume", "--stage", "llm")) == 0
+    assert (out / "llm" / "init.pt").read_bytes() == before
+
+
+def test_averaging_one_epoch_gives_that_epoch(assembled, tmp_path):
+    model_dir = assembled(RUN.parent)
+    out = tmp_path / "run"
+    assert main(_train_args(model_dir, RUN.parent / "data", out, "--stage", "features", "--stage", "llm")) == 0
+    epochs = sorted((out / "llm").glob("epoch_*_whole.pt"))
+    assert epochs
+    for path in epochs:
+        one = average_checkpoints([path])
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        tensors = {k: v for k, v in saved.items() if isinstance(v, torch.Tensor)}
+        assert list(one) == list(tensors)
+        for key, value in tensors.items():
+            assert torch.equal(one[key], value), key
+
+
+def test_missing_wav_is_one_line(capsys, assembled, data_copy, tmp_path):
+    victim = sorted((data_copy / "wavs").iterdir())[0]
+    victim.unlink()
+    _one_line_error(capsys, _train_args(assembled(RUN.parent), data_copy, tmp_path / "out"), victim.stem, "not found")
+    _untouched(tmp_path / "out")
+
+
+def test_unreadable_wav_is_one_line(capsys, assembled, data_copy, tmp_path):
+    victim = sorted((data_copy / "wavs").iterdir())[0]
+    victim.write_bytes(b"this is not audio at all")
+    _one_line_error(capsys, _train_args(assembled(RUN.parent), data_copy, tmp_path / "out"), victim.stem)
+    _untouched(tmp_path / "out")
+
+
+def test_utterance_without_text_is_one_line(capsys, assembled, data_copy, tmp_path):
+    lines = (data_copy / "text").read_text(encoding="utf-8").splitlines()
+    utt = lines[0].split()[0]
+    (data_copy / "text").write_text("\n".join(lines[1:]) + "\n", encoding="utf-8")
+    _one_line_error(capsys, _train_args(assembled(RUN.parent), data_copy, tmp_path / "out"), utt, "text")
+    _untouched(tmp_path / "out")
+
+
+def test_wav_scp_line_without_path_is_one_line(capsys, assembled, data_copy, tmp_path):
+    lines = (data_copy / "wav.scp").read_text(encoding="utf-8").splitlines()
+    utt = lines[0].split()[0]
+    (data_copy / "wav.scp").write_text("\n".join([utt] + lines[1:]) + "\n", encoding="utf-8")
+    _one_line_error(capsys, _train_args(assembled(RUN.parent), data_copy, tmp_path / "out"), utt, "wav.scp")
+    _untouched(tmp_path / "out")
+
+
+def test_audio_shorter_than_one_token_is_one_line(capsys, assembled, data_copy, tmp_path):
+    victim = sorted((data_copy / "wavs").iterdir())[0]
+    rate = sf.info(str(victim)).samplerate
+    sf.write(str(victim), np.zeros(rate // 200, dtype=np.float32), rate, subtype="PCM_16")  # 5 ms
+    _one_line_error(capsys, _train_args(assembled(RUN.parent), data_copy, tmp_path / "out"), victim.stem,
+                    "shorter than one speech token")
+    _untouched(tmp_path / "out")
+
+
+def test_start_dir_of_another_variant_is_one_line(capsys, assembled, tmp_path):
+    others = [r for r in LLM_RUNS if r.parent.name != RUN.parent.name]
+    assert others, "needs two training versions"
+    argv = _train_args(assembled(others[0].parent), RUN.parent / "data", tmp_path / "out")
+    _one_line_error(capsys, argv, "--config", "start dir")
+    _untouched(tmp_path / "out")
+
+
+def test_dir_without_a_cosyvoice_yaml_is_one_line(capsys, tmp_path):
+    (tmp_path / "empty").mkdir()
+    _one_line_error(capsys, _train_args(tmp_path / "empty", RUN.parent / "data", tmp_path / "out"), "CosyVoice yaml")
+    _untouched(tmp_path / "out")
+
+
+def test_unknown_train_option_is_one_line(capsys, assembled, tmp_path):
+    argv = _train_args(assembled(RUN.parent), RUN.parent / "data", tmp_path / "out", "--option", "training.speed=on")
+    _one_line_error(capsys, argv, "training.speed")
+    _untouched(tmp_path / "out")
