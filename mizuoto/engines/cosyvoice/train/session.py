@@ -20,6 +20,7 @@ from mizuoto.engines.cosyvoice.frontend import CosyVoiceFrontend
 from mizuoto.engines.cosyvoice.llm import QwenSpeechLM, TransformerSpeechLM, build_lm
 from mizuoto.engines.cosyvoice.train.checkpoint import UpstreamState, read_checkpoint, tensors_of
 from mizuoto.engines.cosyvoice.train.features import load_features
+from mizuoto.engines.cosyvoice.train.flow_loss import CfmTraining, flow_loss
 from mizuoto.engines.cosyvoice.train.lm_loss import qwen_lm_loss, transformer_lm_loss
 from mizuoto.engines.cosyvoice.train.pipeline import TrainData, pipeline_stages, recipe_rows
 from mizuoto.engines.cosyvoice.train.recipe import read_recipe
@@ -30,6 +31,7 @@ from mizuoto.runtime.hyperyaml import load_hyperyaml
 
 MODELS = ("llm", "flow")
 PREFETCH = 100  # upstream's --prefetch default
+DIT_DROPOUT = 0.1  # upstream's DiT class default (its yamls leave it unset)
 
 
 @dataclass(frozen=True)
@@ -97,11 +99,26 @@ def _tied_keys(sd: dict) -> dict[str, str]:
     return tied
 
 
+def _build_flow(config: dict) -> torch.nn.Module:
+    from mizuoto.engines.cosyvoice import flow_dit  # noqa: F401  (registers CosyVoice 3's DiT flow)
+    from mizuoto.engines.cosyvoice.flow import build_flow
+
+    flow = build_flow(config)
+    estimator = config["flow"]["decoder"]["estimator"]
+    if getattr(estimator, "cls", None) == "DiT":
+        # the inference build leaves the DiT's dropout at 0; training uses the yaml's rate
+        rate = float(estimator.get("dropout", DIT_DROPOUT))
+        for module in flow.decoder.estimator.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = rate
+    return flow
+
+
 def build_model(spec: StageSpec, config: dict) -> tuple[torch.nn.Module, UpstreamState, dict]:
     """The model the stage trains, with its start weights loaded, and its start checkpoint."""
-    if spec.model != "llm":
-        raise InvalidRequest(f"training {spec.model!r} is not supported yet")
-    lm = build_lm(config["llm"], spec.model_dir)
+    if spec.model not in MODELS:
+        raise InvalidRequest(f"cannot train {spec.model!r} (one of {', '.join(MODELS)})")
+    lm = build_lm(config["llm"], spec.model_dir) if spec.model == "llm" else _build_flow(config)
     path = spec.checkpoint or spec.model_dir / f"{spec.model}.pt"
     sd = read_checkpoint(path)
     tensors = tensors_of(sd)
@@ -114,15 +131,16 @@ def build_model(spec: StageSpec, config: dict) -> tuple[torch.nn.Module, Upstrea
 
 
 def model_forward(model: torch.nn.Module, config: dict, memory: bool) -> Callable:
-    """The training forward of the model: batch, device -> {'loss', 'acc'}."""
+    """The training forward of the model: batch, device -> {'loss'[, 'acc']}."""
+    if not isinstance(model, (QwenSpeechLM, TransformerSpeechLM)):
+        cfm = CfmTraining.from_flow_node(config["flow"])
+        return lambda batch, device: flow_loss(model, batch, device, cfm, memory)
     node = config["llm"]
     smoothing = float(node.get("lsm_weight", 0.0))
     normalize = bool(node.get("length_normalized_loss", True))
     if isinstance(model, QwenSpeechLM):
         return lambda batch, device: qwen_lm_loss(model, batch, device, smoothing, normalize, memory)
-    if isinstance(model, TransformerSpeechLM):
-        return lambda batch, device: transformer_lm_loss(model, batch, device, smoothing, normalize, memory)
-    raise InvalidRequest(f"training {type(model).__name__} is not supported yet")
+    return lambda batch, device: transformer_lm_loss(model, batch, device, smoothing, normalize, memory)
 
 
 def make_loaders(spec: StageSpec, variant: Variant, config: dict) -> Loaders:

@@ -21,8 +21,8 @@ assert LLM_RUNS, "no recorded llm training runs"
 RUN = LLM_RUNS[0]  # any one run: these tests check plumbing, not numbers
 
 
-def _train_args(model_dir: Path, data: Path, out: Path, *extra: str) -> list[str]:
-    return ["train", "cosyvoice", "--method", "llm", "--from", str(model_dir), "--data", str(data),
+def _train_args(model_dir: Path, data: Path, out: Path, *extra: str, method: str = "llm") -> list[str]:
+    return ["train", "cosyvoice", "--method", method, "--from", str(model_dir), "--data", str(data),
             "--out", str(out), "--config", str(RUN / "train.yaml"), *extra]
 
 
@@ -51,13 +51,17 @@ def _untouched(out: Path) -> None:
 def test_train_features_llm_export_then_say(capsys, assembled, tmp_path):
     model_dir = assembled(RUN.parent)
     out = tmp_path / "run"
-    assert main(_train_args(model_dir, RUN.parent / "data", out)) == 0
+    assert main(_train_args(model_dir, RUN.parent / "data", out, method="llm_flow")) == 0
     for name in ("utt2speech_token.pt", "utt2embedding.pt", "spk2embedding.pt"):
         assert (out / "features" / name).is_file()
-    epochs = sorted((out / "llm").glob("epoch_*_whole.pt"))
-    assert epochs and (out / "llm" / "init.pt").is_file() and (out / "llm" / "metrics.json").is_file()
     export = out / "export"
-    assert (export / "llm.pt").is_file()
+    for model in ("llm", "flow"):
+        epochs = sorted((out / model).glob("epoch_*_whole.pt"))
+        assert epochs and (out / model / "init.pt").is_file() and (out / model / "metrics.json").is_file()
+        trained = torch.load(export / f"{model}.pt", map_location="cpu", weights_only=True)
+        start = torch.load(model_dir / f"{model}.pt", map_location="cpu", weights_only=True)
+        assert list(trained) == list(start)
+        assert any(not torch.equal(trained[k], start[k]) for k in start), f"the exported {model}.pt is untrained"
     # the export is the start dir with the trained LM: Mizuoto loads it and speaks
     rt = Runtime()
     model = rt.load(str(export))
@@ -66,7 +70,8 @@ def test_train_features_llm_export_then_say(capsys, assembled, tmp_path):
     chunks = list(rt.synthesize(model, SynthesisRequest(text="Hello there.", voice=Reference(str(wav), text), seed=0)))
     assert chunks and chunks[-1].final and chunks[0].samples.numel() > 0
     # a second run into the same --out is refused; --resume continues (no epoch left: nothing retrained)
-    _one_line_error(capsys, _train_args(model_dir, RUN.parent / "data", out), "already holds a run", "--resume")
+    _one_line_error(capsys, _train_args(model_dir, RUN.parent / "data", out, method="llm_flow"),
+                    "already holds a run", "--resume")
     before = (out / "llm" / "init.pt").read_bytes()
     assert main(_train_args(model_dir, RUN.parent / "data", out, "--resume", "--stage", "llm")) == 0
     assert (out / "llm" / "init.pt").read_bytes() == before
