@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from mizuoto.errors import ModelLoadError
 from mizuoto.nn.transformer.masks import make_pad_mask
@@ -50,7 +49,7 @@ def _conditions(feat: torch.Tensor, feat_len: torch.Tensor, rng) -> torch.Tensor
 
 
 def cfm_loss(decoder, x1: torch.Tensor, mask: torch.Tensor, mu: torch.Tensor, spks: torch.Tensor,
-             cond: torch.Tensor, cfm: CfmTraining, streaming: bool, checkpointing: bool) -> torch.Tensor:
+             cond: torch.Tensor, cfm: CfmTraining, streaming: bool) -> torch.Tensor:
     """ConditionalCFM.compute_loss: flow-matching loss of the estimator at a random time."""
     b = mu.shape[0]
     t = torch.rand([b, 1, 1], device=mu.device, dtype=mu.dtype)
@@ -62,12 +61,7 @@ def cfm_loss(decoder, x1: torch.Tensor, mask: torch.Tensor, mu: torch.Tensor, sp
         mu = mu * keep.view(-1, 1, 1)
         spks = spks * keep.view(-1, 1)
         cond = cond * keep.view(-1, 1, 1)
-    estimator = decoder.estimator
-    if checkpointing and torch.is_grad_enabled():
-        pred = checkpoint(lambda *a: estimator(*a, streaming=streaming), y, mask, mu, t.squeeze(), spks, cond,
-                          use_reentrant=False)
-    else:
-        pred = estimator(y, mask, mu, t.squeeze(), spks, cond, streaming=streaming)
+    pred = decoder.estimator(y, mask, mu, t.squeeze(), spks, cond, streaming=streaming)
     return F.mse_loss(pred * mask, u * mask, reduction="sum") / (torch.sum(mask) * u.shape[1])
 
 
@@ -85,14 +79,7 @@ def _embed(flow, token: torch.Tensor, token_len: torch.Tensor, device: torch.dev
     return flow.input_embedding(torch.clamp(token, min=0)) * mask, mask
 
 
-def _encode(encoder, checkpointing: bool, *args, **kwargs):
-    if checkpointing and torch.is_grad_enabled():
-        return checkpoint(lambda *a: encoder(*a, **kwargs), *args, use_reentrant=False)
-    return encoder(*args, **kwargs)
-
-
-def flow_loss(flow, batch: dict, device: torch.device, cfm: CfmTraining, checkpointing: bool = False,
-              rng=random) -> dict[str, torch.Tensor]:
+def flow_loss(flow, batch: dict, device: torch.device, cfm: CfmTraining, rng=random) -> dict[str, torch.Tensor]:
     """{'loss'} of a flow batch for CosyVoice 1 (MaskedDiffWithXvec), 2 (CausalMaskedDiffWithXvec) or 3 (DiT)."""
     token, token_len, feat, feat_len, embedding = _inputs(flow, batch, device)
     kind = type(flow).__name__
@@ -102,7 +89,7 @@ def flow_loss(flow, batch: dict, device: torch.device, cfm: CfmTraining, checkpo
     embedding = flow.spk_embed_affine_layer(F.normalize(embedding, dim=1))
     token, token_mask = _embed(flow, token, token_len, device)
     if kind == "MaskedDiffWithXvec":
-        h, _ = _encode(flow.encoder, checkpointing, token, token_len)
+        h, _ = flow.encoder(token, token_len)
         h = flow.encoder_proj(h)
         ylens = feat_len
         regulator_mask = (~make_pad_mask(ylens)).to(h).unsqueeze(-1)
@@ -111,7 +98,7 @@ def flow_loss(flow, batch: dict, device: torch.device, cfm: CfmTraining, checkpo
         conds = _conditions(feat, feat_len, rng)
         mask = (~make_pad_mask(feat_len)).to(h)
     elif kind == "CausalMaskedDiffWithXvec":
-        h, h_masks = _encode(flow.encoder, checkpointing, token, token_len, streaming=streaming)
+        h, h_masks = flow.encoder(token, token_len, streaming=streaming)
         h = flow.encoder_proj(h)
         conds = _conditions(feat, feat_len, rng)
         mask = (~make_pad_mask(h_masks.sum(dim=-1).squeeze(dim=1))).to(h)
@@ -121,5 +108,5 @@ def flow_loss(flow, batch: dict, device: torch.device, cfm: CfmTraining, checkpo
         mask = token_mask.repeat_interleave(flow.token_mel_ratio, dim=1).squeeze(dim=-1)
         conds = _conditions(feat, feat_len, rng)
     loss = cfm_loss(flow.decoder, feat.transpose(1, 2).contiguous(), mask.unsqueeze(1), h.transpose(1, 2).contiguous(),
-                    embedding, conds, cfm, streaming, checkpointing)
+                    embedding, conds, cfm, streaming)
     return {"loss": loss}

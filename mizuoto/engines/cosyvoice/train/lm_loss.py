@@ -7,7 +7,8 @@ loss, its gradients and Adam's updates are bit-identical on the CPU:
   per utterance), padded with -1, run through the Qwen decoder under transformers 4.51's masks.
 - Loss: label smoothing KL (upstream's LabelSmoothingLoss), normalized by the target count;
   accuracy: argmax over the non-ignored targets.
-With `checkpointing`, each Qwen layer recomputes its activations during backward (same numbers).
+With `checkpointing`, each Qwen layer recomputes its activations during backward (same numbers);
+the other models' blocks are checkpointed by memory.py.
 """
 
 from __future__ import annotations
@@ -160,7 +161,7 @@ def qwen_lm_loss(lm, batch: dict, device: torch.device, smoothing: float = 0.0, 
 
 
 def transformer_lm_loss(lm, batch: dict, device: torch.device, smoothing: float = 0.0,
-                        normalize_length: bool = True, checkpointing: bool = False) -> dict[str, torch.Tensor]:
+                        normalize_length: bool = True) -> dict[str, torch.Tensor]:
     """{'loss', 'acc'} of a CosyVoice 1 TransformerLM batch (upstream TransformerLM.forward)."""
     text = batch["text_token"].to(device)
     text_len = batch["text_token_len"].to(device)
@@ -170,8 +171,8 @@ def transformer_lm_loss(lm, batch: dict, device: torch.device, smoothing: float 
     targets = [torch.tensor([IGNORE_ID] * (2 + int(text_len[i])) + speech[i, :speech_len[i]].tolist()
                             + [lm.speech_token_size]) for i in range(text.size(0))]
     target = pad_sequence(targets, batch_first=True, padding_value=IGNORE_ID).to(device)
-    encoded, mask = _run_encoder(lm.text_encoder, lm.text_embedding(text), text_len, checkpointing,
-                                 decoding_chunk_size=1, num_decoding_left_chunks=-1)
+    encoded, mask = lm.text_encoder(lm.text_embedding(text), text_len, decoding_chunk_size=1,
+                                    num_decoding_left_chunks=-1)
     encoded_len = mask.squeeze(1).sum(1)
     encoded = lm.text_encoder_affine_layer(encoded)
     embedding = lm.spk_embed_affine_layer(F.normalize(embedding, dim=1)).unsqueeze(1)
@@ -184,32 +185,9 @@ def transformer_lm_loss(lm, batch: dict, device: torch.device, smoothing: float 
               for i in range(len(encoded))]
     lengths = torch.tensor([x.size(0) for x in inputs], dtype=torch.int32)
     lm_input = pad_sequence(inputs, batch_first=True, padding_value=IGNORE_ID)
-    hidden, _ = _run_encoder(lm.llm, lm_input, lengths.to(device), checkpointing)
+    hidden, _ = lm.llm(lm_input, lengths.to(device))
     logits = lm.llm_decoder(hidden)
     loss = label_smoothing_loss(logits, target, smoothing, normalize_length)
     acc = accuracy(logits.view(-1, lm.speech_token_size + 1), target)
     return {"loss": loss, "acc": acc}
 
-
-def _run_encoder(encoder, xs: torch.Tensor, lengths: torch.Tensor, checkpointing: bool, **kwargs):
-    """A wenet encoder's forward; with checkpointing its layers recompute during backward."""
-    if not (checkpointing and torch.is_grad_enabled()):
-        return encoder(xs, lengths, **kwargs)
-    return checkpointed_encoder(encoder, xs, lengths, **kwargs)
-
-
-def checkpointed_encoder(encoder, xs: torch.Tensor, lengths: torch.Tensor, decoding_chunk_size: int = 0,
-                         num_decoding_left_chunks: int = -1):
-    """BaseEncoder.forward with each layer under torch.utils.checkpoint (dropout draws replayed)."""
-    from mizuoto.nn.transformer.masks import add_optional_chunk_mask, make_pad_mask
-
-    masks = ~make_pad_mask(lengths, xs.size(1)).unsqueeze(1)
-    xs, pos_emb, masks = encoder.embed(xs, masks)
-    chunk_masks = add_optional_chunk_mask(xs, masks, encoder.static_chunk_size, decoding_chunk_size,
-                                          num_decoding_left_chunks, encoder.use_dynamic_chunk)
-    for layer in encoder.encoders:
-        xs = checkpoint(lambda x, m, p, mp, layer=layer: layer(x, m, p, mp)[0], xs, chunk_masks, pos_emb,
-                        masks, use_reentrant=False)
-    if encoder.normalize_before:
-        xs = encoder.after_norm(xs)
-    return xs, masks

@@ -22,6 +22,7 @@ from mizuoto.engines.cosyvoice.train.checkpoint import UpstreamState, read_check
 from mizuoto.engines.cosyvoice.train.features import load_features
 from mizuoto.engines.cosyvoice.train.flow_loss import CfmTraining, flow_loss
 from mizuoto.engines.cosyvoice.train.lm_loss import qwen_lm_loss, transformer_lm_loss
+from mizuoto.engines.cosyvoice.train.memory import checkpoint_blocks
 from mizuoto.engines.cosyvoice.train.pipeline import TrainData, pipeline_stages, recipe_rows
 from mizuoto.engines.cosyvoice.train.recipe import read_recipe
 from mizuoto.engines.cosyvoice.train.trainer import Loaders, Trainer, TrainLog
@@ -134,13 +135,13 @@ def model_forward(model: torch.nn.Module, config: dict, memory: bool) -> Callabl
     """The training forward of the model: batch, device -> {'loss'[, 'acc']}."""
     if not isinstance(model, (QwenSpeechLM, TransformerSpeechLM)):
         cfm = CfmTraining.from_flow_node(config["flow"])
-        return lambda batch, device: flow_loss(model, batch, device, cfm, memory)
+        return lambda batch, device: flow_loss(model, batch, device, cfm)
     node = config["llm"]
     smoothing = float(node.get("lsm_weight", 0.0))
     normalize = bool(node.get("length_normalized_loss", True))
     if isinstance(model, QwenSpeechLM):
         return lambda batch, device: qwen_lm_loss(model, batch, device, smoothing, normalize, memory)
-    return lambda batch, device: transformer_lm_loss(model, batch, device, smoothing, normalize, memory)
+    return lambda batch, device: transformer_lm_loss(model, batch, device, smoothing, normalize)
 
 
 def make_loaders(spec: StageSpec, variant: Variant, config: dict) -> Loaders:
@@ -168,6 +169,8 @@ def run_training(spec: StageSpec, on_batch: Callable | None = None, save_init: b
     device = torch.device(spec.device)
     model, state, start = build_model(spec, config)
     forward = model_forward(model, config, spec.memory)
+    if spec.memory:
+        checkpoint_blocks(model)
     seed = yaml_seed(config)
     if seed is not None:
         seed_all(seed)

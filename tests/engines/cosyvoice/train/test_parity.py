@@ -115,3 +115,24 @@ def test_memory_option_gives_the_same_checkpoints(run, workers, assembled, tmp_p
     ref = json.loads((run / f"metrics_w{workers}.json").read_text(encoding="utf-8"))
     check_records("train", log.train, ref["train"])
     check_checkpoints(tmp_path / run.name, run, workers, meta)
+
+
+@pytest.mark.parametrize("run,workers", _fewest_workers(), ids=lambda x: f"{x.parent.name}-{x.name}" if isinstance(x, Path) else f"w{x}")
+def test_memory_option_holds_fewer_activations(run, workers, assembled, tmp_path):
+    """With training.memory the first batch's forward keeps fewer bytes for backward."""
+    from mizuoto.engines.cosyvoice.train.memory import activation_bytes, checkpoint_blocks
+    from mizuoto.engines.cosyvoice.train.session import (build_model, make_loaders, model_forward, open_model_dir,
+                                                         train_config)
+
+    spec = StageSpec(run.name, assembled(run.parent), run.parent / "data", tmp_path, run / "train.yaml")
+    variant, model_config = open_model_dir(spec.model_dir)
+    config = train_config(spec, variant, model_config)
+    batch = next(iter(make_loaders(spec, variant, config).train))
+    sizes = []
+    for memory in (False, True):
+        model, _, _ = build_model(spec, config)
+        if memory:
+            checkpoint_blocks(model)
+        torch.manual_seed(0)
+        sizes.append(activation_bytes(model, model_forward(model, config, memory), batch, torch.device("cpu")))
+    assert 0 < sizes[1] < sizes[0], sizes
