@@ -75,8 +75,18 @@ def open_model_dir(model_dir: Path) -> tuple[Variant, dict]:
 
 def train_config(spec: StageSpec, variant: Variant, model_config: dict) -> dict:
     """The yaml the stage trains with: --config, else the start dir's own."""
-    if spec.config_path is None:
-        return model_config
+    config = model_config if spec.config_path is None else _given_config(spec, variant)
+    conf = config.get("train_conf")
+    if not isinstance(conf, dict):
+        raise InvalidRequest("the training yaml has no train_conf")
+    if int(conf.get("save_per_step", -1)) > 0:
+        raise InvalidRequest("train_conf.save_per_step > 0 (mid-epoch checkpoints) is not supported; set it to -1")
+    if int(conf.get("accum_grad", 1)) < 1:
+        raise InvalidRequest(f"train_conf.accum_grad must be 1 or more, got {conf.get('accum_grad')}")
+    return config
+
+
+def _given_config(spec: StageSpec, variant: Variant) -> dict:
     if not spec.config_path.is_file():
         raise InvalidRequest(f"--config {spec.config_path} does not exist")
     config = load_hyperyaml(spec.config_path)
