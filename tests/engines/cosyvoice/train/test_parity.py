@@ -40,6 +40,10 @@ def first_differing_tensor(path: Path, expected: dict) -> str:
     sd = torch.load(path, map_location="cpu", weights_only=True)
     for key, want in expected.items():
         got = sd.get(key)
+        if "sha256" not in want:  # epoch / step
+            if got != want.get("value"):
+                return f"{key} ({got!r}, upstream {want.get('value')!r})"
+            continue
         if not isinstance(got, torch.Tensor):
             return f"{key} (missing)"
         if list(got.shape) != list(want["shape"]) or str(got.dtype).removeprefix("torch.") != want["dtype"] \
@@ -78,6 +82,8 @@ def check_checkpoints(out: Path, run: Path, workers: int, meta: dict) -> None:
         if sha256(path) != want:
             detail = first_differing_tensor(path, tensors[name]) if name in tensors else "see the file"
             pytest.fail(f"{name}: sha256 differs from upstream; first differing tensor: {detail}")
+        if name in tensors:  # the per-tensor record agrees too (and keeps the diagnosis honest)
+            assert first_differing_tensor(path, tensors[name]).startswith("no tensor"), name
 
 
 def train_run(run: Path, workers: int, model_dir: Path, out: Path, memory: bool = False):

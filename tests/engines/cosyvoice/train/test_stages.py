@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import torch
 
 from mizuoto.cli.main import main
 from mizuoto.engines.cosyvoice.train.export import average_checkpoints
+from mizuoto.engines.cosyvoice.variants import VARIANTS, find_variant
 from mizuoto.runtime.api import Runtime
 from mizuoto.runtime.engine import Reference, SynthesisRequest
 from mizuoto.testing.train_cases import train_runs
@@ -132,10 +134,18 @@ def test_audio_shorter_than_one_token_is_one_line(capsys, assembled, data_copy, 
 
 
 def test_start_dir_of_another_variant_is_one_line(capsys, assembled, tmp_path):
-    others = [r for r in LLM_RUNS if r.parent.name != RUN.parent.name]
-    assert others, "needs two training versions"
-    argv = _train_args(assembled(others[0].parent), RUN.parent / "data", tmp_path / "out")
-    _one_line_error(capsys, argv, "--config", "start dir")
+    """A --config whose LM class belongs to another generation than the start dir is refused."""
+    model_dir = assembled(RUN.parent)
+    ours = find_variant(model_dir)
+    other = next(v for v in VARIANTS if v.llm_classes != ours.llm_classes)
+    text = (RUN / "train.yaml").read_text(encoding="utf-8")
+    swapped = re.sub(r"(^llm: !new:[\w.]*\.)(\w+)", lambda m: m.group(1) + other.llm_classes[0], text, count=1,
+                     flags=re.M)
+    assert swapped != text
+    (tmp_path / "other.yaml").write_text(swapped, encoding="utf-8")
+    argv = _train_args(model_dir, RUN.parent / "data", tmp_path / "out")
+    argv[argv.index("--config") + 1] = str(tmp_path / "other.yaml")
+    _one_line_error(capsys, argv, "--config", "start dir", other.llm_classes[0])
     _untouched(tmp_path / "out")
 
 
