@@ -146,7 +146,6 @@ def qwen_lm_loss(lm, batch: dict, device: torch.device, smoothing: float = 0.0, 
         instruct = batch["instruct_token"].to(device)
         instruct_len = batch["instruct_token_len"].to(device)
         instruct_emb = lm.llm.embed_tokens(instruct)
-        instruct = None
     else:
         sos = lm.llm_embedding.weight[0].reshape(1, 1, -1)
         task_id = lm.llm_embedding.weight[1].reshape(1, 1, -1)

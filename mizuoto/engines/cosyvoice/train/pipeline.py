@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
@@ -188,7 +187,7 @@ class Stage:
     kwargs: dict[str, Any]
 
 
-_SKIPPED = frozenset({"parquet_opener"})  # replaced by reading the recipe rows
+_SKIPPED = frozenset({"parquet_opener"})  # the rows come from the recipe lists or parquet.py
 _PROCESSORS: dict[str, Callable] = {
     "tokenize": tokenize, "filter": filter_samples, "resample": resample_samples,
     "compute_fbank": compute_fbank, "parse_embedding": parse_embedding, "shuffle": shuffle,
@@ -237,11 +236,16 @@ def recipe_rows(utts: list[Utterance], features: tuple[dict, dict, dict]) -> lis
     return rows
 
 
+def shard_rows(rows: list[dict]) -> list[list[dict]]:
+    """Consecutive shards of SHARD_SIZE rows."""
+    return [rows[i:i + SHARD_SIZE] for i in range(0, len(rows), SHARD_SIZE)]
+
+
 class TrainData(IterableDataset):
     """The whole pipeline as a torch IterableDataset: torch's DataLoader then seeds and interleaves workers."""
 
-    def __init__(self, rows: list[dict], stages: list[Stage], shuffle_shards: bool, partition: bool) -> None:
-        self.shards = [rows[i:i + SHARD_SIZE] for i in range(0, len(rows), SHARD_SIZE)]
+    def __init__(self, shards: list[list[dict]], stages: list[Stage], shuffle_shards: bool, partition: bool) -> None:
+        self.shards = shards
         self.stages = stages
         self.shuffle_shards = shuffle_shards
         self.partition = partition

@@ -23,7 +23,8 @@ from mizuoto.engines.cosyvoice.train.features import load_features
 from mizuoto.engines.cosyvoice.train.flow_loss import CfmTraining, flow_loss
 from mizuoto.engines.cosyvoice.train.lm_loss import qwen_lm_loss, transformer_lm_loss
 from mizuoto.engines.cosyvoice.train.memory import checkpoint_blocks
-from mizuoto.engines.cosyvoice.train.pipeline import TrainData, pipeline_stages, recipe_rows
+from mizuoto.engines.cosyvoice.train.parquet import find_data_list, read_parquet_shards
+from mizuoto.engines.cosyvoice.train.pipeline import TrainData, pipeline_stages, recipe_rows, shard_rows
 from mizuoto.engines.cosyvoice.train.recipe import read_recipe
 from mizuoto.engines.cosyvoice.train.trainer import Loaders, Trainer, TrainLog
 from mizuoto.engines.cosyvoice.variants import Variant, find_variant, load_config
@@ -155,16 +156,20 @@ def model_forward(model: torch.nn.Module, config: dict, memory: bool) -> Callabl
 
 
 def make_loaders(spec: StageSpec, variant: Variant, config: dict) -> Loaders:
-    """Train and validation loaders over the recipe (validation on the train list, as upstream's recipe)."""
-    utts = read_recipe(spec.data_dir)
-    features = load_features(spec.out_dir / "features") or load_features(spec.data_dir)
-    if features is None:
-        raise InvalidRequest(f"no features for {spec.data_dir}: run `--stage features` first")
-    rows = recipe_rows(utts, features)
+    """Train and validation loaders over the recipe or parquet list (validation on the train list, as upstream's recipe)."""
+    data_list = find_data_list(spec.data_dir)
+    if data_list is not None:
+        shards = read_parquet_shards(data_list)
+    else:
+        utts = read_recipe(spec.data_dir)
+        features = load_features(spec.out_dir / "features") or load_features(spec.data_dir)
+        if features is None:
+            raise InvalidRequest(f"no features for {spec.data_dir}: run `--stage features` first")
+        shards = shard_rows(recipe_rows(utts, features))
     frontend = CosyVoiceFrontend(spec.model_dir, variant, config)
     stages = pipeline_stages(config, frontend.tokenizer.encode)
-    train_set = TrainData(rows, stages, shuffle_shards=True, partition=True)
-    cv_set = TrainData(rows, stages, shuffle_shards=False, partition=False)
+    train_set = TrainData(shards, stages, shuffle_shards=True, partition=True)
+    cv_set = TrainData(shards, stages, shuffle_shards=False, partition=False)
     prefetch = PREFETCH if spec.workers > 0 else None
 
     def loader(ds: TrainData) -> DataLoader:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from mizuoto.engines.cosyvoice.train.export import AVERAGE_NUM, average_checkpoints, best_epochs, export_model_dir
+from mizuoto.engines.cosyvoice.train.parquet import find_data_list
 from mizuoto.engines.cosyvoice.train.features import FILES, extract_features, write_features
 from mizuoto.engines.cosyvoice.train.recipe import check_audio, read_recipe
 from mizuoto.engines.cosyvoice.train.session import StageSpec, log_json, open_model_dir, run_training, train_config
@@ -23,6 +24,7 @@ from mizuoto.files import atomic_write_bytes
 
 METHODS = {"llm": ("features", "llm", "export"), "llm_flow": ("features", "llm", "flow", "export")}
 STAGES = ("features", "llm", "flow", "export")
+INSTRUCTED_LMS = ("CosyVoice3LM",)  # its training batches carry an instruction per utterance
 _EPOCH_PT = re.compile(r"epoch_(\d+)_whole\.pt")
 
 
@@ -61,12 +63,21 @@ def check_request(req: TrainRequest) -> tuple[str, ...]:
     if req.workers < 0:
         raise InvalidRequest(f"--workers must be 0 or more, got {req.workers}")
     variant, model_config = open_model_dir(req.model_dir)
+    configs = {}
     for model in ("llm", "flow"):
         if model in stages:
-            train_config(_spec(req, model), variant, model_config)
+            configs[model] = train_config(_spec(req, model), variant, model_config)
             if not (req.model_dir / f"{model}.pt").is_file():
                 raise InvalidRequest(f"{req.model_dir} has no {model}.pt to start from")
-    check_audio(read_recipe(req.data_dir))
+    if find_data_list(req.data_dir) is None:
+        utts = read_recipe(req.data_dir)
+        check_audio(utts)
+        lm_class = getattr(configs["llm"]["llm"], "cls", None) if "llm" in configs else None
+        if lm_class in INSTRUCTED_LMS and any(u.instruct is None for u in utts):
+            raise InvalidRequest(f"{req.data_dir} has no instruct list, which {lm_class} trains on "
+                                 "(one line per utterance, e.g. 'utt You are a helpful assistant.<|endofprompt|>')")
+    elif "features" in stages and req.stages:
+        raise InvalidRequest(f"{req.data_dir} is a parquet list: its rows already carry the features")
     if not req.resume:
         for stage in stages:
             folder = req.out_dir / stage
@@ -88,6 +99,9 @@ def run_request(req: TrainRequest, say: Callable[[str], None] = print,
     exported = None
     for stage in stages:
         if stage == "features":
+            if find_data_list(req.data_dir) is not None:
+                say("features: taken from the parquet rows")
+                continue
             if req.resume and all((req.out_dir / "features" / n).is_file() for n in FILES):
                 say("features: already there")
                 continue

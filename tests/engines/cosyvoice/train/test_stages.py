@@ -159,3 +159,18 @@ def test_unknown_train_option_is_one_line(capsys, assembled, tmp_path):
     argv = _train_args(assembled(RUN.parent), RUN.parent / "data", tmp_path / "out", "--option", "training.speed=on")
     _one_line_error(capsys, argv, "training.speed")
     _untouched(tmp_path / "out")
+
+
+def test_instructed_lm_without_instruct_list_is_one_line(capsys, assembled, tmp_path):
+    """An LM that trains on instructions refuses a recipe without them (others do not need one)."""
+    from mizuoto.engines.cosyvoice.train.stages import INSTRUCTED_LMS
+    from mizuoto.runtime.hyperyaml import load_hyperyaml
+
+    runs = [r for r in LLM_RUNS if load_hyperyaml(r / "train.yaml")["llm"].cls in INSTRUCTED_LMS]
+    assert runs, "no recorded run of an instructed LM"
+    data = tmp_path / "data"
+    shutil.copytree(runs[0].parent / "data", data, ignore=shutil.ignore_patterns("parquet", "instruct"))
+    argv = ["train", "cosyvoice", "--method", "llm", "--from", str(assembled(runs[0].parent)), "--data", str(data),
+            "--out", str(tmp_path / "out"), "--config", str(runs[0] / "train.yaml")]
+    _one_line_error(capsys, argv, "instruct")
+    _untouched(tmp_path / "out")
