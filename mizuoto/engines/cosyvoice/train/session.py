@@ -26,6 +26,7 @@ from mizuoto.engines.cosyvoice.train.memory import checkpoint_blocks
 from mizuoto.engines.cosyvoice.train.parquet import find_data_list, read_parquet_shards
 from mizuoto.engines.cosyvoice.train.pipeline import TrainData, pipeline_stages, recipe_rows, shard_rows
 from mizuoto.engines.cosyvoice.train.recipe import read_recipe
+from mizuoto.engines.cosyvoice.train.tensorboard import ScalarLog
 from mizuoto.engines.cosyvoice.train.trainer import Loaders, Trainer, TrainLog
 from mizuoto.engines.cosyvoice.variants import Variant, find_variant, load_config
 from mizuoto.errors import InvalidRequest, ModelLoadError
@@ -194,7 +195,7 @@ def run_training(spec: StageSpec, on_batch: Callable | None = None, save_init: b
     conf = dict(config.get("train_conf") or {})
     trainer = Trainer(model, forward, state, conf, spec.out_dir / spec.model, device,
                       start_epoch=int(start.get("epoch", -1)), start_step=int(start.get("step", 0)),
-                      on_batch=on_batch)
+                      on_batch=on_batch, scalars=ScalarLog(spec.out_dir / spec.model / "tensorboard"))
     if save_init:
         trainer.save_init()
     return trainer.run(loaders)

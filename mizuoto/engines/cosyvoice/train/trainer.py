@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader
 
 from mizuoto.engines.cosyvoice.train.checkpoint import UpstreamState, save_checkpoint
 from mizuoto.engines.cosyvoice.train.export import write_sidecar
+from mizuoto.engines.cosyvoice.train.tensorboard import ScalarLog
 from mizuoto.engines.cosyvoice.train.schedulers import make_optimizer
 
 
@@ -50,7 +51,7 @@ class Trainer:
 
     def __init__(self, model: torch.nn.Module, forward: Forward, state: UpstreamState, conf: dict,
                  exp_dir: Path, device: torch.device, start_epoch: int = -1, start_step: int = 0,
-                 on_batch: Callable[[str, dict], None] | None = None) -> None:
+                 on_batch: Callable[[str, dict], None] | None = None, scalars: ScalarLog | None = None) -> None:
         self.model, self.forward, self.state, self.conf = model, forward, state, conf
         self.exp_dir, self.device = Path(exp_dir), device
         self.params = state.parameters()
@@ -61,6 +62,7 @@ class Trainer:
         self.grad_clip = float(conf.get("grad_clip", 5))
         self.log = TrainLog()
         self.on_batch = on_batch
+        self.scalars = scalars
 
     def _save(self, name: str) -> None:
         save_checkpoint(self.exp_dir / f"{name}.pt", self.state.state_dict(), self.epoch, self.step)
@@ -107,6 +109,7 @@ class Trainer:
             if self.on_batch is not None:
                 self.on_batch("train", record)
             if boundary:
+                self._scalars("TRAIN", record, ("epoch", "lr", "grad_norm", *loss_dict))
                 self.step += 1
 
     @torch.inference_mode()
@@ -126,6 +129,13 @@ class Trainer:
             if self.on_batch is not None:
                 self.on_batch("cv", record)
         means = {k: sum(v) / total_utts for k, v in sums.items()} if total_utts else {}
-        self.log.cv_summary.append({"epoch": self.epoch, "step": self.step,
-                                    "lr": self.optimizer.param_groups[0]["lr"], "loss_dict": means})
+        summary = {"epoch": self.epoch, "step": self.step, "lr": self.optimizer.param_groups[0]["lr"]}
+        self.log.cv_summary.append({**summary, "loss_dict": means})
+        self._scalars("CV", {**summary, **means}, ("epoch", "lr", *means))
         return means
+
+    def _scalars(self, tag: str, values: dict, keys: tuple[str, ...]) -> None:
+        # upstream's SummaryWriter: `<TAG>/<key>` at step + 1
+        if self.scalars is not None:
+            for key in keys:
+                self.scalars.add(f"{tag}/{key}", float(values[key]), values["step"] + 1)
