@@ -24,6 +24,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="training yaml (default: the start dir's own yaml)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, mps (default cpu)")
     p.add_argument("--workers", type=int, default=0, help="data-loading worker processes (default 0)")
+    p.add_argument("--threads", type=int, help="intra-op CPU threads (1 reproduces upstream's recorded CPU runs)")
     p.add_argument("--average", type=int, default=5, help="export: epochs averaged, best validation loss first")
     p.add_argument("--resume", action="store_true", help="continue the run already in --out")
     p.add_argument("--option", action="append", metavar="KEY=VALUE",
@@ -49,6 +50,12 @@ def run_train(args: argparse.Namespace) -> int:
 
     if args.average < 1:
         raise InvalidRequest(f"--average must be 1 or more, got {args.average}")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise InvalidRequest(f"--threads must be 1 or more, got {args.threads}")
+        import torch
+
+        torch.set_num_threads(args.threads)
     req = TrainRequest(args.method, Path(args.model_dir), Path(args.data), Path(args.out),
                        tuple(args.stage or ()), Path(args.config) if args.config else None, args.workers,
                        args.device, resume=args.resume, average_num=args.average, **_options(args.option))

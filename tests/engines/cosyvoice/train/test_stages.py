@@ -174,3 +174,15 @@ def test_instructed_lm_without_instruct_list_is_one_line(capsys, assembled, tmp_
             "--out", str(tmp_path / "out"), "--config", str(runs[0] / "train.yaml")]
     _one_line_error(capsys, argv, "instruct")
     _untouched(tmp_path / "out")
+
+
+def test_cli_llm_stage_reproduces_upstream(assembled, tmp_path):
+    """`mizuoto train ... --stage llm --threads 1` on upstream's features writes upstream's checkpoints."""
+    from mizuoto.testing.train_cases import check_checkpoints, run_meta
+
+    workers = min(w for r, w in train_runs() if r == RUN)
+    out = tmp_path / "run"
+    argv = _train_args(assembled(RUN.parent), RUN.parent / "data", out, "--stage", "llm", "--threads", "1",
+                       "--workers", str(workers))
+    assert main(argv) == 0
+    check_checkpoints(out / "llm", RUN, workers, run_meta(RUN, workers))
