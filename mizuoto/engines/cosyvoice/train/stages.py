@@ -130,27 +130,28 @@ def run_request(req: TrainRequest, say: Callable[[str], None] = print,
 
 
 class Progress:
-    """Per-epoch progress: a bar on a terminal (batches, loss, lr), plain log lines otherwise."""
+    """Per-epoch progress: one bar line per epoch on a terminal (batches, loss, lr), plain log lines otherwise."""
 
     def __init__(self, stream=None) -> None:
         self.stream = stream or sys.stderr
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.epoch = None
+        self.open_line = False  # a bar line without its newline yet
 
     def __call__(self, kind: str, record: dict) -> None:
         loss = float(record["loss"])
-        if kind == "cv":
+        if kind == "train":
+            line = (f"epoch {record['epoch']} [{'#' * min(record['batch_idx'] + 1, 40):<40}] "
+                    f"batch {record['batch_idx'] + 1} loss {loss:.6f} lr {record['lr']:.8f} "
+                    f"grad_norm {float(record['grad_norm']):.6f}")
+            if self.tty:
+                self.stream.write("\r\x1b[2K" + line)
+                self.open_line = True
+                self.stream.flush()
+                return
+        else:
             line = f"epoch {record['epoch']} cv batch {record['batch_idx'] + 1} loss {loss:.6f}"
-        else:
-            line = (f"epoch {record['epoch']} batch {record['batch_idx'] + 1} loss {loss:.6f} "
-                    f"lr {record['lr']:.8f} grad_norm {float(record['grad_norm']):.6f}")
-        if self.tty:
-            width = min(record["batch_idx"] + 1, 30)
-            self.stream.write("\r\x1b[2K" + "#" * width + " " + line)
-            if kind == "cv" or record["epoch"] != self.epoch:
-                self.stream.write("\n")
-        else:
-            self.stream.write(line + "\n")
-        self.epoch = record["epoch"]
+        if self.open_line:
+            self.stream.write("\n")
+            self.open_line = False
+        self.stream.write(line + "\n")
         self.stream.flush()
-

@@ -186,3 +186,24 @@ def test_cli_llm_stage_reproduces_upstream(assembled, tmp_path):
                        "--workers", str(workers))
     assert main(argv) == 0
     check_checkpoints(out / "llm", RUN, workers, run_meta(RUN, workers))
+
+
+def test_progress_is_a_bar_on_a_terminal_and_lines_otherwise():
+    import io
+
+    from mizuoto.engines.cosyvoice.train.stages import Progress
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    records = [("train", {"epoch": 0, "batch_idx": i, "loss": 1.5, "lr": 1e-5, "grad_norm": 0.0}) for i in range(3)]
+    records.append(("cv", {"epoch": 0, "batch_idx": 0, "loss": 2.5}))
+    plain, tty = io.StringIO(), Terminal()
+    for stream in (plain, tty):
+        progress = Progress(stream)
+        for kind, record in records:
+            progress(kind, record)
+    assert plain.getvalue().count("\n") == 4 and "\r" not in plain.getvalue()
+    assert tty.getvalue().count("\r") == 3 and tty.getvalue().count("\n") == 2
+    assert "lr 0.00001000" in tty.getvalue() and "loss 1.500000" in tty.getvalue()
