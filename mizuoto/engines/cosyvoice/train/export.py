@@ -64,9 +64,13 @@ def average_checkpoints(paths: list[Path]) -> dict[str, torch.Tensor]:
     return {k: torch.true_divide(v, len(paths)) for k, v in avg.items()}
 
 
-def export_model_dir(start_dir: Path, dest: Path, weights: dict[str, dict[str, torch.Tensor]]) -> Path:
-    """A copy of start_dir with each `<name>.pt` of `weights` replaced; dest appears complete or not at all."""
-    if dest.exists():
+def export_model_dir(start_dir: Path, dest: Path, weights: dict[str, dict[str, torch.Tensor]],
+                     replace: bool = False) -> Path:
+    """A copy of start_dir with each `<name>.pt` of `weights` replaced; dest appears complete or not at all.
+
+    An existing dest is an error unless `replace`, which swaps the new export in for it.
+    """
+    if dest.exists() and not replace:
         raise InvalidRequest(f"{dest} already exists")
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
@@ -78,6 +82,8 @@ def export_model_dir(start_dir: Path, dest: Path, weights: dict[str, dict[str, t
             if target.exists():
                 target.unlink()
             torch.save(state, target)
+        if dest.exists():
+            os.replace(dest, tmp / "previous")
         os.replace(work, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

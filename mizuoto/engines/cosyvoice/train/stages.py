@@ -124,7 +124,7 @@ def run_request(req: TrainRequest, say: Callable[[str], None] = print,
                     best = best_epochs(req.out_dir / model, req.average_num)
                     say(f"export: {model}.pt = mean of {', '.join(p.stem for p in best)}")
                     weights[model] = average_checkpoints(best)
-            exported = export_model_dir(req.model_dir, req.out_dir / "export", weights)
+            exported = export_model_dir(req.model_dir, req.out_dir / "export", weights, replace=req.resume)
             say(f"export: {exported}")
     return exported
 

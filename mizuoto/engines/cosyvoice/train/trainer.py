@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader
 from mizuoto.engines.cosyvoice.train.checkpoint import UpstreamState, save_checkpoint
 from mizuoto.engines.cosyvoice.train.export import write_sidecar
 from mizuoto.engines.cosyvoice.train.tensorboard import ScalarLog
+from mizuoto.errors import InvalidRequest
 from mizuoto.engines.cosyvoice.train.schedulers import make_optimizer
 
 
@@ -88,6 +89,7 @@ class Trainer:
     def train_epoch(self, loader: DataLoader) -> None:
         """One pass over the train loader."""
         self.model.train()
+        batch_idx = -1
         for batch_idx, batch in enumerate(loader):
             step = self.step
             loss_dict = self.forward(batch, self.device)
@@ -111,6 +113,8 @@ class Trainer:
             if boundary:
                 self._scalars("TRAIN", record, ("epoch", "lr", "grad_norm", *loss_dict))
                 self.step += 1
+        if batch_idx < 0:
+            raise InvalidRequest("no utterance passed the training yaml's filter (audio and text length limits)")
 
     @torch.inference_mode()
     def validate(self, loader: DataLoader) -> dict[str, float]:

@@ -75,8 +75,20 @@ def test_train_features_llm_export_then_say(capsys, assembled, tmp_path):
     _one_line_error(capsys, _train_args(model_dir, RUN.parent / "data", out, method="llm_flow"),
                     "already holds a run", "--resume")
     before = (out / "llm" / "init.pt").read_bytes()
-    assert main(_train_args(model_dir, RUN.parent / "data", out, "--resume", "--stage", "llm")) == 0
+    assert main(_train_args(model_dir, RUN.parent / "data", out, "--resume", "--stage", "llm", "--stage", "export")) == 0
     assert (out / "llm" / "init.pt").read_bytes() == before
+    assert (export / "llm.pt").is_file() and not any(p.name.startswith(".") for p in out.iterdir())
+
+
+def test_nothing_left_after_the_filter_is_one_line(capsys, assembled, tmp_path):
+    """A yaml whose filter keeps no utterance fails in one line instead of training on nothing."""
+    text = (RUN / "train.yaml").read_text(encoding="utf-8")
+    strict = re.sub(r"(\n    max_length: )\d+", r"\g<1>1", text, count=1)
+    assert strict != text
+    (tmp_path / "strict.yaml").write_text(strict, encoding="utf-8")
+    argv = _train_args(assembled(RUN.parent), RUN.parent / "data", tmp_path / "out", "--stage", "llm")
+    argv[argv.index("--config") + 1] = str(tmp_path / "strict.yaml")
+    _one_line_error(capsys, argv, "no utterance passed")
 
 
 def test_averaging_one_epoch_gives_that_epoch(assembled, tmp_path):
