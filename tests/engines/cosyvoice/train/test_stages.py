@@ -23,9 +23,10 @@ assert LLM_RUNS, "no recorded llm training runs"
 RUN = LLM_RUNS[0]  # any one run: these tests check plumbing, not numbers
 
 
-def _train_args(model_dir: Path, data: Path, out: Path, *extra: str, method: str = "llm") -> list[str]:
+def _train_args(model_dir: Path, data: Path, out: Path, *extra: str, method: str = "llm",
+                config: Path | None = None) -> list[str]:
     return ["train", "cosyvoice", "--method", method, "--from", str(model_dir), "--data", str(data),
-            "--out", str(out), "--config", str(RUN / "train.yaml"), *extra]
+            "--out", str(out), "--config", str(config or RUN / "train.yaml"), *extra]
 
 
 @pytest.fixture
@@ -50,10 +51,11 @@ def _untouched(out: Path) -> None:
     assert not out.exists() or not any(out.rglob("*")), sorted(out.rglob("*"))
 
 
-def test_train_features_llm_export_then_say(capsys, assembled, tmp_path):
-    model_dir = assembled(RUN.parent)
+@pytest.mark.parametrize("run", LLM_RUNS, ids=lambda r: r.parent.name)
+def test_train_features_llm_export_then_say(capsys, assembled, tmp_path, run):
+    model_dir = assembled(run.parent)
     out = tmp_path / "run"
-    assert main(_train_args(model_dir, RUN.parent / "data", out, method="llm_flow")) == 0
+    assert main(_train_args(model_dir, run.parent / "data", out, method="llm_flow", config=run / "train.yaml")) == 0
     for name in ("utt2speech_token.pt", "utt2embedding.pt", "spk2embedding.pt"):
         assert (out / "features" / name).is_file()
     export = out / "export"
@@ -64,18 +66,19 @@ def test_train_features_llm_export_then_say(capsys, assembled, tmp_path):
         start = torch.load(model_dir / f"{model}.pt", map_location="cpu", weights_only=True)
         assert list(trained) == list(start)
         assert any(not torch.equal(trained[k], start[k]) for k in start), f"the exported {model}.pt is untrained"
-    # the export is the start dir with the trained LM: Mizuoto loads it and speaks
+    # the export is the start dir with the trained weights: Mizuoto loads it and speaks
     rt = Runtime()
     model = rt.load(str(export))
-    wav = RUN.parent / "data" / sorted((RUN.parent / "data" / "wavs").iterdir())[0]
-    text = (RUN.parent / "data" / "text").read_text(encoding="utf-8").splitlines()[0].split(maxsplit=1)[1]
+    wav = run.parent / "data" / sorted((run.parent / "data" / "wavs").iterdir())[0]
+    text = (run.parent / "data" / "text").read_text(encoding="utf-8").splitlines()[0].split(maxsplit=1)[1]
     chunks = list(rt.synthesize(model, SynthesisRequest(text="Hello there.", voice=Reference(str(wav), text), seed=0)))
     assert chunks and chunks[-1].final and chunks[0].samples.numel() > 0
     # a second run into the same --out is refused; --resume continues (no epoch left: nothing retrained)
-    _one_line_error(capsys, _train_args(model_dir, RUN.parent / "data", out, method="llm_flow"),
+    _one_line_error(capsys, _train_args(model_dir, run.parent / "data", out, method="llm_flow", config=run / "train.yaml"),
                     "already holds a run", "--resume")
     before = (out / "llm" / "init.pt").read_bytes()
-    assert main(_train_args(model_dir, RUN.parent / "data", out, "--resume", "--stage", "llm", "--stage", "export")) == 0
+    assert main(_train_args(model_dir, run.parent / "data", out, "--resume", "--stage", "llm", "--stage", "export",
+                           config=run / "train.yaml")) == 0
     assert (out / "llm" / "init.pt").read_bytes() == before
     assert (export / "llm.pt").is_file() and not any(p.name.startswith(".") for p in out.iterdir())
 
