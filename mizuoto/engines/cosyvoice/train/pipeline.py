@@ -92,6 +92,15 @@ def compute_fbank(data: Iterator[Sample], mel: MatchaMelConfig, num_frames: int 
         yield s
 
 
+def compute_whisper_fbank(data: Iterator[Sample], num_frames: int = -1) -> Iterator[Sample]:
+    """Upstream's Whisper features feed its online token extraction, which never runs here (the
+    rows carry speech tokens), so only its alignment check is kept; it draws nothing."""
+    for s in data:
+        if num_frames != -1 and s["speech"].shape[1] % num_frames != 0:
+            raise InvalidRequest(f"{s['utt']}: audio length is not a multiple of {num_frames} samples")
+        yield s
+
+
 def parse_embedding(data: Iterator[Sample], normalize: bool) -> Iterator[Sample]:
     """Utterance and speaker embeddings as float32 tensors, L2-normalized if asked."""
     for s in data:
@@ -190,7 +199,8 @@ class Stage:
 _SKIPPED = frozenset({"parquet_opener"})  # the rows come from the recipe lists or parquet.py
 _PROCESSORS: dict[str, Callable] = {
     "tokenize": tokenize, "filter": filter_samples, "resample": resample_samples,
-    "compute_fbank": compute_fbank, "parse_embedding": parse_embedding, "shuffle": shuffle,
+    "compute_fbank": compute_fbank, "compute_whisper_fbank": compute_whisper_fbank,
+    "parse_embedding": parse_embedding, "shuffle": shuffle,
     "sort": sort, "batch": batch, "padding": padding,
 }
 
