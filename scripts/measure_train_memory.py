@@ -15,8 +15,8 @@ import torch
 
 from mizuoto.engines.cosyvoice.train.memory import activation_bytes, checkpoint_blocks
 from mizuoto.engines.cosyvoice.llm import build_lm
-from mizuoto.engines.cosyvoice.train.session import (StageSpec, _build_flow, build_model, make_loaders, model_forward,
-                                                     open_model_dir, train_config)
+from mizuoto.engines.cosyvoice.train.session import (StageSpec, build_model, build_training_flow, make_loaders,
+                                                     model_forward, open_model_dir, train_config)
 
 
 def main() -> None:
@@ -37,7 +37,7 @@ def main() -> None:
     for memory in (False, True):
         if args.random:
             torch.manual_seed(0)
-            model = build_lm(config["llm"], spec.model_dir) if args.model == "llm" else _build_flow(config)
+            model = build_lm(config["llm"], spec.model_dir) if args.model == "llm" else build_training_flow(config)
         else:
             model, _, _ = build_model(spec, config)
         if memory:

@@ -112,7 +112,8 @@ def _tied_keys(sd: dict) -> dict[str, str]:
     return tied
 
 
-def _build_flow(config: dict) -> torch.nn.Module:
+def build_training_flow(config: dict) -> torch.nn.Module:
+    """The yaml's flow with untrained weights and the dropout rates training uses."""
     from mizuoto.engines.cosyvoice import flow_dit  # noqa: F401  (registers CosyVoice 3's DiT flow)
     from mizuoto.engines.cosyvoice.flow import build_flow
 
@@ -131,7 +132,7 @@ def build_model(spec: StageSpec, config: dict) -> tuple[torch.nn.Module, Upstrea
     """The model the stage trains, with its start weights loaded, and its start checkpoint."""
     if spec.model not in MODELS:
         raise InvalidRequest(f"cannot train {spec.model!r} (one of {', '.join(MODELS)})")
-    lm = build_lm(config["llm"], spec.model_dir) if spec.model == "llm" else _build_flow(config)
+    lm = build_lm(config["llm"], spec.model_dir) if spec.model == "llm" else build_training_flow(config)
     path = spec.checkpoint or spec.model_dir / f"{spec.model}.pt"
     sd = read_checkpoint(path)
     tensors = tensors_of(sd)
