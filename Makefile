@@ -22,8 +22,13 @@ $(TEST_STAMP): $(STAMP) $(wildcard tests/plugins/*/pyproject.toml)
 	for p in tests/plugins/*/; do [ -f $$p/pyproject.toml ] && $(PIP) install -q -e $$p || exit 1; done
 	touch $(TEST_STAMP)
 
+# make demo [MODEL=DIR] [REF=clip.wav [REF_TEXT="what the clip says"]] [DEVICE=cpu] [DEBUG=1]
+# Each value reaches the demo as one shell word, quotes and commas included.
+quoted = '$(subst ','\'',$($(1)))'
 demo: $(STAMP)
-	$(PY) -m mizuoto.demo $(MODEL)
+	$(PY) -m mizuoto.demo --as-make $(if $(MODEL),$(call quoted,MODEL)) $(if $(REF),--ref-audio $(call quoted,REF)) \
+		$(if $(REF_TEXT),--ref-text $(call quoted,REF_TEXT)) $(if $(DEVICE),--device $(call quoted,DEVICE)) \
+		$(if $(DEBUG),--debug)
 
 test: $(TEST_STAMP)
 	$(PY) -m pytest -q

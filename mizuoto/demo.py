@@ -1,89 +1,197 @@
-"""`make demo`: speak one sentence to demo.wav and say what was used.
+"""`make demo`: speak one sentence into demo.wav with any model directory an installed engine detects.
 
-Without arguments it speaks with the Piper plugin's default voice (a real en_US voice shipped
-by a pinned package). `python -m mizuoto.demo MODEL_DIR [--ref-audio F --ref-text T]` speaks
-with the model in MODEL_DIR (e.g. a CosyVoice directory): with its first preset voice, or
-cloning the reference clip. If Piper is not installed, the smallest CosyVoice fixture model
-(random weights: every stage runs, the audio is not speech) is used, then the toy tone engine.
+`make demo MODEL=DIR REF=clip.wav REF_TEXT="..."` runs `python -m mizuoto.demo DIR --ref-audio clip.wav
+--ref-text "..."`. Without a directory the demo speaks with the voice a plugin offers for demos (the
+Piper plugin's en_US voice). A model with preset voices speaks with its first one; a model without
+clones the reference clip, or, given none, a reference the demo makes itself: a sentence spoken by
+the demo voice, with its transcript, kept beside the output. Every failure is one line on stderr
+with the command that fixes it; --debug shows the traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
-import tempfile
 from pathlib import Path
 
-from mizuoto.runtime.api import Runtime
 from mizuoto.cli.main import write_wav
-from mizuoto.runtime.engine import Reference, SynthesisRequest
+from mizuoto.errors import MizuotoError
+from mizuoto.runtime.api import Runtime
+from mizuoto.runtime.engine import Reference, SynthesisRequest, check_request
+from mizuoto.runtime.options import LoadOptions, add_load_arguments, options_from_args
 
 TEXT = "Hello from Mizuoto, a speech runtime that hosts several voices behind one API."
+REFERENCE_TEXT = "This is the demo voice, reading a short sentence for another model to clone."
+INSTRUCT = "Speak in a calm, friendly voice."  # for models whose preset voices speak only with an instruction
 OUTPUT = Path("demo.wav")
+INSTALL_PIPER = "pip install -e plugins/mizuoto-piper"
 
 
-def _speak(rt: Runtime, model_dir: Path, out: Path, ref_audio: str | None = None, ref_text: str | None = None) -> str:
-    name = rt.load(model_dir, device="cpu")
-    if ref_audio:
-        voice = Reference(ref_audio, ref_text)
-    else:
-        presets = [v.id for v in rt.voices(name) if v.kind == "preset"]
-        if not presets:
-            raise RuntimeError(f"{model_dir} has no preset voice: pass --ref-audio and --ref-text")
-        voice = presets[0]
-    seconds, rate, _ = write_wav(out, rt.synthesize(name, SynthesisRequest(TEXT, voice=voice, seed=0)))
-    shown = voice if isinstance(voice, str) else f"cloned from {ref_audio}"
-    return f"{model_dir} ({rt.info(name).engine}), voice {shown}: {seconds:.2f} s at {rate} Hz"
+class DemoError(MizuotoError):
+    """A demo that cannot run, with the command that fixes it."""
 
 
-def _piper(out: Path) -> str:
-    import mizuoto_piper
+class _Commands:
+    """The fixing commands, spelled as the user ran the demo: `make demo ...` or `python -m mizuoto.demo ...`."""
 
+    def __init__(self, make: bool, model: Path | None):
+        self.make, self.model = make, model
+
+    def demo(self, model: str | None = None, ref: str | None = None, ref_text: str | None = None) -> str:
+        """The demo command line with these arguments (the model defaults to the one given)."""
+        model = model if model is not None else (str(self.model) if self.model is not None else None)
+        if self.make:
+            parts = [f"{k}={shlex.quote(v)}" for k, v in (("MODEL", model), ("REF", ref), ("REF_TEXT", ref_text)) if v]
+            return " ".join(["make demo", *parts])
+        parts = [shlex.quote(model)] if model else []
+        parts += [f"--ref-audio {shlex.quote(ref)}"] if ref else []
+        parts += [f"--ref-text {shlex.quote(ref_text)}"] if ref_text else []
+        return " ".join(["python -m mizuoto.demo", *parts])
+
+    def clone(self) -> str:
+        """The demo command that clones a clip of the user's own."""
+        return self.demo(ref="clip.wav", ref_text="what the clip says")
+
+    @property
+    def debug(self) -> str:
+        return "make demo ... DEBUG=1" if self.make else "python -m mizuoto.demo ... --debug"
+
+
+def _fail(error: MizuotoError, fix: str) -> DemoError:
+    return DemoError(f"{' '.join(str(error).split())}; to fix: {fix}")
+
+
+def demo_voice(rt: Runtime) -> Path:
+    """The model directory the installed plugins offer for demos (the Piper voice), or a clear error."""
+    offered = [Path(d) for d in rt.registry.example_models() if Path(d).is_dir() and rt.detect(d)]
+    if not offered:
+        raise DemoError(f"no plugin offers a demo voice (the Piper plugin does); to fix: {INSTALL_PIPER}"
+                        " (make demo installs it)")
+    return offered[0]
+
+
+def _load(rt: Runtime, model_dir: Path, options: LoadOptions, commands: _Commands) -> str:
+    try:
+        return rt.load(model_dir, **options.as_dict())
+    except MizuotoError as e:
+        if not model_dir.is_dir():
+            raise _fail(e, f"download a model (README: 'Get a model directory'), then run "
+                           f"{commands.demo(model='path/to/model')}") from e
+        if not rt.detect(model_dir):
+            raise _fail(e, "point it at the folder that holds the model's own files (`mizuoto engines` lists the"
+                           " installed engines)") from e
+        raise _fail(e, f"download the complete model directory (README: 'Get a model directory'), then run "
+                       f"{commands.demo()}") from e
+
+
+def _presets(rt: Runtime, name: str) -> list[str]:
+    return [v.id for v in rt.voices(name) if v.kind == "preset"]
+
+
+def _request(rt: Runtime, name: str, text: str, voice: str | Reference) -> SynthesisRequest:
+    """A request for `voice` in a mode the model has (an instruction added where presets need one)."""
+    request = SynthesisRequest(text, voice=voice, seed=0)
+    modes = rt.model(name).capabilities.modes
+    if isinstance(voice, str) and "preset" not in modes and "instruct" in modes:
+        request = SynthesisRequest(text, voice=voice, instruct=INSTRUCT, seed=0)
+    return check_request(request, rt.model(name), str(rt.info(name).path))
+
+
+def _make_reference(rt: Runtime, model: str, out: Path, options: LoadOptions,
+                    commands: _Commands) -> tuple[Reference, str]:
+    """A reference clip spoken by the demo voice, kept beside `out`; returns it and how it was made."""
+    model_dir = rt.info(model).path
+    modes = rt.model(model).capabilities.modes
+    if not modes & {"clone", "cross_lingual"}:
+        raise DemoError(f"{model_dir} has no preset voice and cannot clone one (modes: {', '.join(sorted(modes))})")
+    try:
+        voice_dir = demo_voice(rt)
+    except DemoError:
+        raise DemoError(f"{model_dir} has no preset voice, and no demo voice is installed to make a reference;"
+                        f" to fix: {commands.clone()} (or {INSTALL_PIPER}, and the demo makes one)") from None
+    name = _load(rt, voice_dir, options, commands)
+    try:
+        voice = _presets(rt, name)[0]
+        info = rt.info(name)
+        path = out.with_name(f"{out.stem}-reference.wav")
+        write_wav(path, rt.synthesize(name, _request(rt, name, REFERENCE_TEXT, voice)))
+    finally:
+        rt.unload(name)
+    print(f"demo: {model_dir} has no preset voice, so the demo made a reference to clone: {REFERENCE_TEXT!r}"
+          f" spoken by the {info.engine} voice {voice}, in {path.resolve()}")
+    return Reference(str(path), REFERENCE_TEXT), f"a clone of the demo's reference {path.name}"
+
+
+def speak(args: argparse.Namespace) -> str:
+    """Write the demo wav as `args` say; returns what was used, for the user."""
+    commands = _Commands(args.as_make, args.model_dir)
+    out = args.output
+    try:
+        options = options_from_args(args)
+    except MizuotoError as e:
+        raise _fail(e, f"leave the option out: {commands.demo(ref=args.ref_audio, ref_text=args.ref_text)}") from e
+    if args.ref_text is not None and args.ref_audio is None:
+        raise DemoError(f"a reference transcript needs its clip; to fix: {commands.clone()}")
+    try:
+        given = Reference(args.ref_audio, args.ref_text) if args.ref_audio else None
+    except MizuotoError as e:
+        raise _fail(e, commands.clone().replace("clip.wav", "path/to/existing-clip.wav")) from e
     with Runtime() as rt:
-        return "Piper: " + _speak(rt, mizuoto_piper.default_voice_dir(), out)
+        model_dir = args.model_dir if args.model_dir is not None else demo_voice(rt)
+        name = _load(rt, model_dir, options, commands)
+        info, presets = rt.info(name), _presets(rt, name)
+        if given is not None:
+            voice, how = given, f"a clone of {args.ref_audio}"
+        elif presets:
+            voice, how = presets[0], f"its preset voice {presets[0]}"
+        else:
+            voice, how = _make_reference(rt, name, out, options, commands)
+        try:
+            request = _request(rt, name, args.text, voice)
+        except MizuotoError as e:
+            fix = commands.demo() if given is not None and presets else commands.clone()
+            raise _fail(e, fix) from e
+        seconds, rate, _ = write_wav(out, rt.synthesize(name, request))
+    variant = f" ({info.variant})" if info.variant else ""
+    return (f"wrote {out.resolve()} ({seconds:.2f} s at {rate} Hz) with {model_dir}: engine {info.engine}{variant}"
+            f" on {info.device}, mode {request.mode}, voice: {how}")
 
 
-def _cosyvoice_fixture(out: Path) -> str:
-    from mizuoto.testing.fixtures import fixtures_root
-
-    with Runtime() as rt:
-        dirs = [d for d in fixtures_root().glob("cosyvoice/*/model") if (d / "spk2info.pt").is_file()]
-        if not dirs:
-            raise RuntimeError("no CosyVoice fixture model with preset voices")
-        model_dir = min(dirs, key=lambda d: sum(p.stat().st_size for p in d.rglob("*") if p.is_file()))
-        return "the CosyVoice fixture model (random weights, not speech): " + _speak(rt, model_dir, out)
-
-
-def _tone(out: Path) -> str:
-    from mizuoto.testing.toy import ToneEngine, write_model
-
-    with tempfile.TemporaryDirectory() as tmp, Runtime(engines=[ToneEngine]) as rt:
-        name = rt.load(write_model(Path(tmp) / "tone"), engine="tone", device="cpu")
-        seconds, rate, _ = write_wav(out, rt.synthesize(name, SynthesisRequest(TEXT, voice="low", seed=0)))
-        return f"the toy sine-tone engine (tones, not speech): {seconds:.2f} s at {rate} Hz"
+def build_parser() -> argparse.ArgumentParser:
+    """The demo's arguments."""
+    parser = argparse.ArgumentParser(prog="python -m mizuoto.demo", description=__doc__.splitlines()[0])
+    parser.add_argument("model_dir", nargs="?", type=Path, help="a model directory (default: the demo voice)")
+    parser.add_argument("--ref-audio", help="reference clip to clone (models without preset voices)")
+    parser.add_argument("--ref-text", help="transcript of the reference clip")
+    parser.add_argument("--text", default=TEXT, help="what to say (default: a sentence about Mizuoto)")
+    parser.add_argument("-o", "--output", type=Path, default=OUTPUT, help=f"output wav (default: {OUTPUT})")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    parser.add_argument("--as-make", action="store_true", help=argparse.SUPPRESS)  # fixes are spelled as make demo
+    add_load_arguments(parser)
+    return parser
 
 
 def main(argv: list[str] | None = None, out: Path = OUTPUT) -> int:
     """Write the demo wav; returns the exit code."""
-    parser = argparse.ArgumentParser(prog="python -m mizuoto.demo", description=__doc__.splitlines()[0])
-    parser.add_argument("model_dir", nargs="?", type=Path, help="a model directory (default: Piper's voice)")
-    parser.add_argument("--ref-audio", help="reference clip to clone")
-    parser.add_argument("--ref-text", help="transcript of the reference clip")
-    parser.add_argument("-o", "--output", type=Path, default=out)
+    parser = build_parser()
+    parser.set_defaults(output=out)
     args = parser.parse_args(argv)
-    if args.model_dir is not None:
-        with Runtime() as rt:
-            used = _speak(rt, args.model_dir, args.output, args.ref_audio, args.ref_text)
-    else:
-        used = None
-        for attempt in (_piper, _cosyvoice_fixture, _tone):
-            try:
-                used = attempt(args.output)
-                break
-            except Exception as e:  # the demo must still produce audio while an engine is missing
-                print(f"demo: {attempt.__name__.strip('_')} unavailable ({type(e).__name__}: "
-                      f"{' '.join(str(e).split())[:200]}); trying the next", file=sys.stderr)
-    print(f"demo: wrote {args.output.resolve()} with {used}")
+    try:
+        used = speak(args)
+    except Exception as e:
+        if args.debug:
+            raise
+        if isinstance(e, MizuotoError):
+            message = " ".join(str(e).split())
+            if not isinstance(e, DemoError):  # an error before any step could name its fix
+                message += f"; run {_Commands(args.as_make, args.model_dir).debug} for details"
+            print(f"demo: error: {message}", file=sys.stderr)
+        else:
+            print(f"demo: internal error ({type(e).__name__}): {' '.join(str(e).split())}"
+                  f" (run {_Commands(args.as_make, args.model_dir).debug} for the traceback)", file=sys.stderr)
+        return 1
+    print(f"demo: {used}")
     return 0
 
 

@@ -33,7 +33,8 @@ from pathlib import Path
 
 import torch
 
-from mizuoto.engines.cosyvoice.bench import BLANK_EN, bench_driver, build_random_cosyvoice2, lm_step_bytes
+from mizuoto.engines.cosyvoice.bench import BLANK_EN, build_random_cosyvoice2, lm_step_bytes
+from mizuoto.engines.cosyvoice.engine import CosyVoiceEngine
 from mizuoto.engines.cosyvoice.llm import load_lm
 from mizuoto.engines.cosyvoice.variants import find_variant, load_config
 from mizuoto.runtime.bench import device_bandwidth_gbs, synchronize
@@ -43,13 +44,14 @@ from mizuoto.nn.lm.sampling import FastSampler, nucleus_draw
 from mizuoto.text.tokenize.qwen import QwenTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
+ASSETS = Path(os.environ.get("MIZUOTO_ASSETS", ROOT.parent / "shared" / "assets"))
 
 
 # --- a full-size random CosyVoice 2 (written by the engine's bench module) ---------------------
 
 def random_lm(workdir: Path):
     """(lm, tokenizer) of a full-size random CosyVoice 2 written to `workdir` (sizes from the assets)."""
-    model_dir = build_random_cosyvoice2(workdir / "random-cosyvoice2")
+    model_dir = build_random_cosyvoice2(workdir / "random-cosyvoice2", ASSETS)
     config = load_config(model_dir, find_variant(model_dir))
     return load_lm(model_dir, config), QwenTokenizer.from_dir(model_dir / BLANK_EN)
 
@@ -201,7 +203,7 @@ def run_bench_tables(device: torch.device, tokens: int, workdir: Path) -> dict:
     for graphs in (False, True):
         options = parse_options({"device": str(device), "compute.kv_cache": "static",
                                  "compute.cuda_graphs": graphs}).resolved()
-        driver = bench_driver(None, "cosyvoice2", options, settings, workdir)
+        driver = CosyVoiceEngine().bench_driver(None, "cosyvoice2", options, settings, workdir, ASSETS)
         result = benchmark(driver, settings)
         print(format_table(result), file=sys.stderr)
         out["graphs" if graphs else "fast"] = result

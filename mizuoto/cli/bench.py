@@ -20,7 +20,7 @@ import torch
 
 from mizuoto.errors import InvalidRequest, MizuotoError
 from mizuoto.runtime.bench import CPU_DEFAULTS, BenchDriver, BenchSettings, benchmark, format_table
-from mizuoto.runtime.options import LoadOptions, parse_options
+from mizuoto.runtime.options import LoadOptions, add_load_arguments, options_from_args
 
 
 # --- finding a driver --------------------------------------------------------------------------
@@ -46,21 +46,19 @@ def load_factory(spec: str) -> Callable[..., BenchDriver]:
 
 
 def find_factory(model_dir: Path | None, random: str | None) -> Callable[..., BenchDriver]:
-    """The registered engine that can bench `model_dir` (or build `random`), as a driver factory."""
+    """The registered engine that can bench `model_dir` (or build `random`): its `Engine.bench_driver`."""
     from mizuoto.runtime.plugins import Registry
 
     registry = Registry()
     offered = []
-    for name, cls in registry.load_all().items():
-        factory = getattr(cls, "bench_driver", None)
-        if factory is None:
+    engines = registry.load_all() if random is not None else \
+        {name: registry.engine_class(name) for name, _ in registry.detect(model_dir)}
+    for name, cls in engines.items():
+        if not cls.offers_bench():
             continue
-        kinds = tuple(getattr(cls, "bench_random", ()))
-        offered += [f"{k} ({name})" for k in kinds]
-        if random is not None and random in kinds:
-            return getattr(cls(), "bench_driver")
-        if random is None and model_dir is not None and cls().detect(model_dir):
-            return getattr(cls(), "bench_driver")
+        offered += [f"{k} ({name})" for k in cls.bench_random]
+        if random is None or random in cls.bench_random:
+            return cls().bench_driver
     if random is not None:
         raise InvalidRequest(f"bench: no engine builds a random {random!r} model; offered: "
                              f"{', '.join(offered) or 'none'} (or pass --driver FILE.py:NAME)")
@@ -89,9 +87,7 @@ def configure(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]
     p.add_argument("--warmup", type=int, help=f"runs before measuring "
                    f"(default {BenchSettings.warmup}; {CPU_DEFAULTS['warmup']} off CUDA)")
     p.add_argument("--stream", action="store_true", help="also time a streamed request (first-chunk latency)")
-    p.add_argument("--device", help="cpu, cuda, cuda:1 (default: auto)")
-    p.add_argument("--precision", help="fp32 or fp16")
-    p.add_argument("--option", action="append", metavar="KEY=VALUE", help="load option, e.g. compute.cuda_graphs=on")
+    add_load_arguments(p)
     p.add_argument("--bandwidth", type=float, help="the device's peak bandwidth in GB/s (overrides the lookup)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     return run_bench
@@ -106,9 +102,7 @@ def add_bench_command(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _options(args: argparse.Namespace) -> LoadOptions:
-    from mizuoto.cli.main import load_options  # the CLI's own reading of --option/--device/--precision
-
-    return parse_options(load_options(args)).resolved()
+    return options_from_args(args).resolved()
 
 
 def run_bench(args: argparse.Namespace) -> int:

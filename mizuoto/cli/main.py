@@ -7,7 +7,8 @@ import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from mizuoto.errors import InvalidRequest, MemoryBudgetError, MizuotoError
+from mizuoto.errors import InvalidRequest, MizuotoError
+from mizuoto.runtime.options import add_load_arguments, options_from_args
 
 # Subcommand name -> (help, setup(parser) -> run(args) -> exit code).
 COMMANDS: dict[str, tuple[str, Callable]] = {}
@@ -22,30 +23,13 @@ def command(name: str, help: str):
 
 
 def _budgets(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--vram", help="device memory budget, e.g. 4GiB (default: what is free)")
+    p.add_argument("--vram", help="GPU memory budget, e.g. 4GiB (default: what is free on the GPU)")
     p.add_argument("--ram", help="host memory budget, e.g. 16GiB (default: what is available)")
-
-
-def load_options(args: argparse.Namespace) -> dict:
-    """Load options from --option KEY=VALUE, --device and --precision (unknown keys fail later, in parse_options)."""
-    options = {}
-    for item in args.option or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise InvalidRequest(f"--option takes KEY=VALUE, got {item!r}")
-        options[key.strip()] = value.strip()
-    for key in ("device", "precision"):
-        if getattr(args, key, None) is not None:
-            options[key] = getattr(args, key)
-    return options
 
 
 def _load_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", help="engine name (default: detected from the directory)")
-    p.add_argument("--device", help="cpu, cuda, cuda:1, mps (default: auto)")
-    p.add_argument("--precision", help="fp32 or fp16")
-    p.add_argument("--option", action="append", metavar="KEY=VALUE",
-                   help="load option such as compute.kv_cache=static (repeatable)")
+    add_load_arguments(p)
 
 
 @command("engines", "list the registered engines and their capabilities")
@@ -76,44 +60,60 @@ def _models_setup(p: argparse.ArgumentParser) -> Callable:
     _load_arguments(p)
 
     def run(args: argparse.Namespace) -> int:
-        import torch
-
         from mizuoto.runtime.api import Runtime
-        from mizuoto.runtime.memory import Pool, detect_budget, format_bytes, measure, parse_bytes, plan_model
 
-        rt = Runtime(ram=args.ram)
+        options_from_args(args)  # a bad load option is a mistake even where nothing loads
         if not args.plan:
+            rt = Runtime(ram=args.ram)
             for d in args.dirs:
                 hits = rt.detect(d)
                 found = ", ".join(f"{e}{f' ({v})' if v else ''}" for e, v in hits) or "no engine recognises it"
                 print(f"{d}: {found}")
             return 0
-        # Plans are arithmetic: models load on the host and are planned for the target device.
-        target = args.device or ("cuda" if args.vram is not None or torch.cuda.is_available() else "cpu")
-        vram = parse_bytes(args.vram) if args.vram is not None else detect_budget(target)
-        ram = parse_bytes(args.ram) if args.ram is not None else detect_budget("cpu")
-        options = {**load_options(args), "device": "cpu"}
-        on_host = torch.device(target).type == "cpu"
-        pool = Pool(vram if not on_host else ram, None if on_host else ram)
-        refused = 0
-        for d in args.dirs:
-            name = rt.load(d, engine=args.engine, **options)
-            sizes = measure(rt.model(name).stages, None, None)
-            try:
-                plan = plan_model(name, sizes, pool.device_budget, target, args.stream)
-            except MemoryBudgetError as e:
-                print(f"refused: {e}")
-                refused += 1
-                continue
-            print(plan.table())
-            for ev in pool.admit(name, plan.peak, plan.fixed, plan.movable, plan.waiting):
-                print(f"  admitting {name} {ev.action}s {ev.model}")
-        dev, host = pool.used()
-        print(f"device {target}: {format_bytes(dev)} of {format_bytes(pool.device_budget)} in use;"
-              f" active: {', '.join(n for n in pool.order() if pool.state(n) == 'device') or 'none'};"
-              f" offloaded: {', '.join(n for n in pool.order() if pool.state(n) == 'host') or 'none'}")
-        return 1 if refused else 0
+        return _plan(args)
     return run
+
+
+def _plan(args: argparse.Namespace) -> int:
+    """`models --plan`: the models are loaded on the host and the runtime rehearses them on the target device."""
+    import torch
+
+    from mizuoto.runtime.api import Runtime
+    from mizuoto.runtime.memory import detect_budget, format_bytes, parse_bytes
+
+    options = options_from_args(args)
+    target = options.device if options.device != "auto" else options.resolved().device
+    kind = torch.device(target).type
+    present = kind == "cpu" or (kind == "cuda" and torch.cuda.is_available()) or \
+        (kind == "mps" and torch.backends.mps.is_available())
+    if not present:
+        if args.vram is None:
+            raise InvalidRequest(f"models --plan: there is no {kind} device on this machine to read a budget from;"
+                                 f" plan a {target} budget with --vram SIZE (e.g. --vram 8GiB), or leave out --device"
+                                 " for a CPU plan")
+        print(f"no {kind} device on this machine: this is a {target} plan for the budget"
+              f" --vram {format_bytes(parse_bytes(args.vram))} (arithmetic only)")
+    elif kind == "cpu" and args.vram is not None:
+        print(f"planning for cpu ({'no GPU on this machine' if args.device is None else 'as asked'}) within the"
+              " host budget; --vram is a GPU budget: add --device cuda to plan for it")
+    refused = 0
+    # No host budget while loading, so no load evicts another: the rehearsal applies the budgets.
+    with Runtime(ram=1 << 62) as rt:
+        for d in args.dirs:
+            rt.load(d, engine=args.engine, **{**options.as_dict(), "device": "cpu"})
+        ram = args.ram if args.ram is not None else detect_budget("cpu")
+        rehearsal = rt.rehearse(target, args.stream, vram=args.vram, ram=ram)
+    for admission in rehearsal.admissions:
+        if admission.plan is None:
+            print(f"refused: {admission.refused}")
+            refused += 1
+            continue
+        print(admission.plan.table())
+        for ev in admission.evictions:
+            print(f"  admitting {admission.model} {ev.action}s {ev.model}")
+    print(f"device {rehearsal.device}: {format_bytes(rehearsal.in_use)} of {format_bytes(rehearsal.budget)} in use;"
+          f" active: {', '.join(rehearsal.active) or 'none'}; offloaded: {', '.join(rehearsal.offloaded) or 'none'}")
+    return 1 if refused else 0
 
 
 @command("say", "synthesize TEXT with a model into a wav file")
@@ -148,10 +148,11 @@ def _say_setup(p: argparse.ArgumentParser) -> Callable:
                                    source_audio=args.source_audio, speed=args.speed, stream=args.stream,
                                    seed=args.seed)
         with Runtime(vram=args.vram, ram=args.ram) as rt:
-            name = rt.load(args.model, engine=args.engine, **load_options(args))
-            engine = rt.info(name).engine
+            name = rt.load(args.model, engine=args.engine, **options_from_args(args).as_dict())
+            info = rt.info(name)
             seconds, rate, count = write_wav(args.output, rt.synthesize(name, request))
-        print(f"wrote {args.output}: {seconds:.2f} s at {rate} Hz in {count} chunk(s) ({engine} engine)")
+        print(f"wrote {args.output}: {seconds:.2f} s at {rate} Hz in {count} chunk(s)"
+              f" ({info.engine} engine on {info.device})")
         return 0
     return run
 

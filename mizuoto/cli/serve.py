@@ -1,7 +1,7 @@
 """`mizuoto serve`: the HTTP server as a subcommand. Every flag can also be set by a MIZUOTO_* variable.
 
-Importing this module needs only the standard library; Starlette and uvicorn are imported when
-the server starts, with a clear error when the `server` extra is not installed.
+Importing this module needs only the standard library and mizuoto's cheap modules; Starlette and
+uvicorn are imported when the server starts, with a clear error when the `server` extra is not installed.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ import signal
 import sys
 import threading
 from pathlib import Path
+
+from mizuoto.runtime.options import add_load_arguments, options_from_args
 
 HELP = "run the HTTP server (OpenAI-style /v1/audio/speech; needs mizuoto[server])"
 
@@ -32,8 +34,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="folder whose model directories POST /v1/models/load may load [MIZUOTO_MODEL_ROOTS]")
     p.add_argument("--vram", default=_env("VRAM"), help="device memory budget, e.g. 6GiB [MIZUOTO_VRAM]")
     p.add_argument("--ram", default=_env("RAM"), help="host memory budget, e.g. 16GiB [MIZUOTO_RAM]")
-    p.add_argument("--device", default=_env("DEVICE"), help="cpu, cuda, cuda:1 (default auto) [MIZUOTO_DEVICE]")
-    p.add_argument("--precision", default=_env("PRECISION"), help="fp32 or fp16 [MIZUOTO_PRECISION]")
+    add_load_arguments(p, os.environ)
     p.add_argument("--max-concurrent", type=int, default=int(_env("MAX_CONCURRENT", 4)),
                    help="synthesis jobs at once; more get 503 + Retry-After [MIZUOTO_MAX_CONCURRENT]")
     p.add_argument("--request-timeout", type=float, default=float(_env("REQUEST_TIMEOUT", 300)),
@@ -85,10 +86,11 @@ def run_serve(args: argparse.Namespace) -> int:
 
     if args.max_concurrent < 1:
         raise InvalidRequest(f"--max-concurrent must be at least 1, got {args.max_concurrent}")
-    options = {k: getattr(args, k) for k in ("device", "precision") if getattr(args, k)}
+    options = options_from_args(args)
+    options.resolved()  # an unavailable device fails here, in one line, not at the first load
     server_config = ServerConfig(max_concurrent=args.max_concurrent,
                                  request_timeout=args.request_timeout or None,
-                                 max_input_chars=args.max_input_chars, load_options=options,
+                                 max_input_chars=args.max_input_chars, load_options=options.as_dict(),
                                  model_roots=tuple(Path(r) for r in args.model_root))
     runtime = Runtime(vram=args.vram, ram=args.ram)
     app = create_app(runtime, server_config, _models(args.model))

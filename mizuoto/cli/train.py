@@ -27,7 +27,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, help="intra-op CPU threads (1 reproduces upstream's recorded CPU runs)")
     p.add_argument("--average", type=int, default=5, help="export: epochs averaged, best validation loss first")
     p.add_argument("--resume", action="store_true", help="continue the run already in --out")
-    p.add_argument("--option", action="append", metavar="KEY=VALUE",
+    p.add_argument("--train-option", action="append", metavar="KEY=VALUE",
                    help="train option: training.memory=on (gradient checkpointing)")
 
 
@@ -58,7 +58,7 @@ def run_train(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     req = TrainRequest(args.method, Path(args.model_dir), Path(args.data), Path(args.out),
                        tuple(args.stage or ()), Path(args.config) if args.config else None, args.workers,
-                       args.device, resume=args.resume, average_num=args.average, **_options(args.option))
+                       args.device, resume=args.resume, average_num=args.average, **_options(args.train_option))
     run_request(req, on_batch=Progress())
     return 0
 

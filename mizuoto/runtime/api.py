@@ -33,6 +33,28 @@ class ModelInfo:
     capabilities: Capabilities
 
 
+@dataclass(frozen=True)
+class Admission:
+    """One model of a rehearsal: its plan (None when refused), why it was refused, what admitting it evicts."""
+
+    model: str
+    plan: Plan | None
+    refused: str | None = None
+    evictions: tuple[Eviction, ...] = ()
+
+
+@dataclass(frozen=True)
+class Rehearsal:
+    """What loading the models on one device would do (`Runtime.rehearse`); nothing was moved."""
+
+    device: str
+    budget: int
+    admissions: tuple[Admission, ...]
+    in_use: int
+    active: tuple[str, ...]
+    offloaded: tuple[str, ...]
+
+
 @dataclass
 class _Loaded:
     name: str
@@ -89,24 +111,7 @@ class Runtime:
 
     def detect(self, path: str | Path) -> list[tuple[str, str | None]]:
         """(engine, variant) of every engine that recognises `path`."""
-        return self._detect(Path(path))[0]
-
-    def _detect(self, path: Path, only: str | None = None) -> tuple[list[tuple[str, str | None]], list[str]]:
-        """(hits, what was checked) over every engine, or just engine `only`."""
-        engines = {only: self.registry.engine_class(only)} if only is not None else self.engines()
-        hits, checked = [], []
-        for name, cls in engines.items():
-            try:
-                found = cls().detect(path)
-            except Exception as e:  # detect must not raise; a buggy one is reported, not fatal
-                checked.append(f"{name} (detect raised {describe_error(e)})")
-                continue
-            checked.append(f"{name}: {'yes' if found else 'no'}")
-            if found:
-                hits.append((name, found if isinstance(found, str) else None))
-        if only is None:
-            checked += [f"{f.plugin} (unavailable: {f.error})" for f in self.failures]
-        return hits, checked
+        return self.registry.detect(Path(path))
 
     # ---- models --------------------------------------------------------------------------------
     def load(self, path: str | Path, engine: str | None = None, name: str | None = None, **options: Any) -> str:
@@ -115,7 +120,7 @@ class Runtime:
         path = Path(path)
         if not path.is_dir():
             raise ModelLoadError(f"model directory not found: {path}")
-        picked, checked = self._detect(path, engine)
+        picked, checked = self.registry.detect_report(path, engine)
         if not picked:
             if engine is not None:
                 raise ModelLoadError(f"engine {engine!r} does not recognise {path} ({checked[0]})")
@@ -200,13 +205,16 @@ class Runtime:
     def _pool(self, device: str) -> Pool:
         key = _device_key(device)
         if key not in self._pools:
-            ram = self.ram if self.ram is not None else detect_budget("cpu")
-            if torch.device(key).type == "cpu":
-                self._pools[key] = Pool(ram, None)
-            else:
-                vram = self.vram if self.vram is not None else detect_budget(key)
-                self._pools[key] = Pool(vram, ram)
+            self._pools[key] = self._new_pool(key, self.vram, self.ram)
         return self._pools[key]
+
+    @staticmethod
+    def _new_pool(device: str, vram: int | None, ram: int | None) -> Pool:
+        """An empty pool for `device`: the budgets given, or what is free now."""
+        ram = ram if ram is not None else detect_budget("cpu")
+        if torch.device(device).type == "cpu":
+            return Pool(ram, None)
+        return Pool(vram if vram is not None else detect_budget(device), ram)
 
     def _plan_for(self, loaded: _Loaded, request: SynthesisRequest | None, stream: bool = False) -> Plan:
         """The plan for `request`, or for any request (streaming or not) when it is None."""
@@ -220,6 +228,38 @@ class Runtime:
         if model is None:
             return {name: self.plan(name, stream) for name in self._models}
         return self._plan_for(self._get(model), None, stream)
+
+    def rehearse(self, device: str | None = None, stream: bool = False, vram: str | int | None = None,
+                 ram: str | int | None = None) -> Rehearsal:
+        """What loading every loaded model on `device` would do, in load order: plans and evictions. Nothing moves.
+
+        `device` defaults to where a request would run (CUDA when present, else the CPU); `vram` and
+        `ram` default to the runtime's budgets. Planning a GPU that is not present needs a `vram` budget.
+        """
+        target = device if device is not None else parse_options().resolved().device
+        vram = parse_bytes(vram) if vram is not None else self.vram
+        ram = parse_bytes(ram) if ram is not None else self.ram
+        kind = torch.device(target).type
+        if kind != "cpu" and vram is None and not (kind == "cuda" and torch.cuda.is_available()):
+            raise InvalidRequest(f"no {kind} device on this machine to read a budget from;"
+                                 f" give a vram budget to plan for {target}")
+        pool = self._new_pool(target, vram, ram)
+        admissions = []
+        with self._lock:
+            for loaded in self._models.values():
+                here = loaded.options.device == target
+                sizes = measure(loaded.model.stages, None, target if here else None)
+                try:
+                    plan = plan_model(loaded.name, sizes, pool.device_budget, target, stream)
+                    evictions = pool.admit(loaded.name, plan.peak, plan.fixed, plan.movable, plan.waiting)
+                except MemoryBudgetError as e:
+                    admissions.append(Admission(loaded.name, None, str(e)))
+                    continue
+                admissions.append(Admission(loaded.name, plan, None, tuple(evictions)))
+        held = pool.order()
+        return Rehearsal(target, pool.device_budget, tuple(admissions), pool.used()[0],
+                         tuple(n for n in held if pool.state(n) == "device"),
+                         tuple(n for n in held if pool.state(n) == "host"))
 
     def _admit(self, loaded: _Loaded, plan: Plan) -> list[Eviction]:
         """Make room on the device for `plan` (evicting idle LRU models) and apply it."""
@@ -280,4 +320,4 @@ class Runtime:
             yield
 
 
-__all__ = ["Runtime", "ModelInfo", "SynthesisRequest", "MemoryBudgetError"]
+__all__ = ["Runtime", "ModelInfo", "Admission", "Rehearsal", "SynthesisRequest", "MemoryBudgetError"]

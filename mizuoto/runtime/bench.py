@@ -17,18 +17,16 @@ list in `bench_random` the model kinds it can build with random weights (`--rand
 
 from __future__ import annotations
 
-import json
 import resource
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import torch
 
-from mizuoto.errors import InvalidRequest, MizuotoError
+from mizuoto.errors import InvalidRequest
 
 # Peak memory bandwidth (GB/s) of common cards, used when the device does not report its own.
 KNOWN_BANDWIDTH_GBS = {

@@ -284,19 +284,12 @@ class Model(abc.ABC):
 
     Engine code wraps each stage's work in `with self.use(stage_name) as device:` so the scheduler
     can bring that stage's modules onto the device first (a no-op when nothing is bound).
+    An engine sets `stages` and `capabilities` when it loads (attributes, or properties of its own).
     """
 
     _gate: Callable[[str], contextlib.AbstractContextManager] | None = None
-
-    @property
-    @abc.abstractmethod
-    def stages(self) -> tuple[Stage, ...]:
-        """The model's stages in the order a request runs through them."""
-
-    @property
-    @abc.abstractmethod
-    def capabilities(self) -> Capabilities:
-        """What this model can do."""
+    stages: tuple[Stage, ...]  # the model's stages in the order a request runs through them
+    capabilities: Capabilities  # what this model can do (may change, e.g. when a voice is added)
 
     def voices(self) -> list[Voice]:
         """Preset and cached voices."""
@@ -358,3 +351,22 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def load(self, model_dir: Path, options: Any) -> Model:
         """Build the model from `model_dir` with LoadOptions; modules on the host, fixed ones where they live."""
+
+    # -- benchmarks (optional) -----------------------------------------------------------------
+    bench_random: tuple[str, ...] = ()  # model kinds `mizuoto bench --random KIND` can build with random weights
+
+    def bench_driver(self, model_dir: Path | None, random: str | None, options: Any, settings: Any,
+                     workdir: Path, assets: str | Path | None = None) -> Any:
+        """A `mizuoto.runtime.bench.BenchDriver` over this engine's own model, or None when not offered.
+
+        Calling convention: `mizuoto bench` calls it with a detected `model_dir` (random None) or
+        with one of `bench_random` (model_dir None), resolved LoadOptions, BenchSettings, a work
+        folder for random models and the `--assets` folder if given. The driver must time the
+        functions a request runs (the loaded model's own stages), not a copy of them.
+        """
+        return None
+
+    @classmethod
+    def offers_bench(cls) -> bool:
+        """Whether this engine overrides `bench_driver`."""
+        return cls.bench_driver is not Engine.bench_driver

@@ -1,12 +1,15 @@
-"""Load options: device, precision and compute switches; unknown keys and bad values are errors."""
+"""Load options (device, precision, compute switches), and the one parser of them every command uses.
+
+Unknown keys and bad values are errors. Importing this module is cheap (torch is imported when a
+device is checked), so a command can build its parser without loading torch.
+"""
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
-
-import torch
 
 from mizuoto.errors import InvalidRequest
 
@@ -58,6 +61,8 @@ class LoadOptions:
         if not isinstance(self.device, str):
             raise InvalidRequest(f"option device must be a string, got {self.device!r}")
         if self.device != "auto":
+            import torch
+
             try:
                 torch.device(self.device)
             except (RuntimeError, ValueError):
@@ -65,6 +70,8 @@ class LoadOptions:
 
     def resolved(self) -> LoadOptions:
         """The same options with `auto` replaced by a concrete device; an unavailable device is an error."""
+        import torch
+
         device = self.device
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -74,6 +81,10 @@ class LoadOptions:
         if kind == "mps" and not torch.backends.mps.is_available():
             raise InvalidRequest(f"option device={device}: MPS is not available on this machine")
         return replace(self, device=device)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The options as keyword arguments of `Runtime.load` (and `parse_options`)."""
+        return {"device": self.device, "precision": self.precision, "compute": asdict(self.compute)}
 
 
 _COMPUTE_KEYS = tuple(f.name for f in fields(ComputeOptions))
@@ -95,3 +106,40 @@ def parse_options(options: Mapping[str, Any] | None = None, **kwargs: Any) -> Lo
     compute = ComputeOptions(**{k: flat[f"compute.{k}"] for k in _COMPUTE_KEYS if f"compute.{k}" in flat})
     top = {k: flat[k] for k in ("device", "precision") if k in flat}
     return LoadOptions(compute=compute, **top)
+
+
+# --- the command-line parser of load options ---------------------------------------------------
+
+_ENV = {"device": "MIZUOTO_DEVICE", "precision": "MIZUOTO_PRECISION", "option": "MIZUOTO_OPTIONS"}
+
+
+def add_load_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | None = None) -> None:
+    """Add --device, --precision and --option KEY=VALUE to `parser`.
+
+    With `environ` (e.g. os.environ), MIZUOTO_DEVICE, MIZUOTO_PRECISION and MIZUOTO_OPTIONS
+    (KEY=VALUE items separated by spaces) give the defaults; a flag given on the command line wins.
+    """
+    env = environ if environ is not None else {}
+    tag = (lambda key: f" [{_ENV[key]}]") if environ is not None else (lambda key: "")
+    parser.add_argument("--device", default=env.get(_ENV["device"]) or None,
+                        help="cpu, cuda, cuda:1, mps (default: auto, which is cuda when a GPU is present,"
+                             f" else cpu){tag('device')}")
+    parser.add_argument("--precision", default=env.get(_ENV["precision"]) or None,
+                        help=f"{' or '.join(PRECISIONS)} (default: {LoadOptions.precision}){tag('precision')}")
+    parser.add_argument("--option", action="append", metavar="KEY=VALUE",
+                        default=env.get(_ENV["option"], "").split() or None,
+                        help=f"load option, repeatable; keys: {', '.join(KNOWN_KEYS)}{tag('option')}")
+
+
+def options_from_args(args: argparse.Namespace) -> LoadOptions:
+    """The LoadOptions of parsed --option KEY=VALUE, --device and --precision (the flags win over --option)."""
+    options: dict[str, str] = {}
+    for item in getattr(args, "option", None) or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise InvalidRequest(f"--option takes KEY=VALUE, got {item!r}")
+        options[key.strip()] = value.strip()
+    for key in ("device", "precision"):
+        if getattr(args, key, None) is not None:
+            options[key] = getattr(args, key)
+    return parse_options(options)

@@ -23,8 +23,9 @@ from mizuoto.runtime.hookspecs import EngineRef, hookimpl
 ENTRY_POINT_GROUP = "mizuoto.engines"
 
 # Built-in engines: name -> (module, class), imported only when used (vLLM's registry style).
+# The patterns are the cheap detector: a directory without such a file never imports the engine.
 BUILTIN_ENGINES = {
-    "cosyvoice": ("mizuoto.engines.cosyvoice.engine", "CosyVoiceEngine"),
+    "cosyvoice": ("mizuoto.engines.cosyvoice.engine", "CosyVoiceEngine", ("cosyvoice*.yaml",)),
 }
 
 _NAME = re.compile(r"^[a-z][a-z0-9_.-]*$")
@@ -35,7 +36,7 @@ class _Builtins:
 
     @hookimpl
     def mizuoto_engines(self) -> list:
-        return [EngineRef(name, module, attr) for name, (module, attr) in BUILTIN_ENGINES.items()]
+        return [EngineRef(name, module, attr, patterns) for name, (module, attr, patterns) in BUILTIN_ENGINES.items()]
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,37 @@ class Registry:
             item = cls
         self._classes[name] = item
         return item
+
+    def detect(self, model_dir: Path, only: str | None = None) -> list[tuple[str, str | None]]:
+        """(engine, variant) of every engine that recognises `model_dir`; see `detect_report`."""
+        return self.detect_report(model_dir, only)[0]
+
+    def detect_report(self, model_dir: Path, only: str | None = None) -> tuple[list[tuple[str, str | None]], list[str]]:
+        """(hits, what was checked): engines whose cheap patterns do not match are not imported."""
+        hits, checked = [], []
+        for name in [only] if only is not None else self.names():
+            item = self._sources[name][1] if name in self._sources else None
+            if isinstance(item, EngineRef) and name not in self._classes and not item.may_detect(model_dir):
+                checked.append(f"{name}: no (no {' or '.join(item.patterns)})")
+                continue
+            try:
+                cls = self.engine_class(name)
+            except ModelLoadError as e:
+                if only is not None:
+                    raise
+                checked.append(f"{name} (unavailable: {e})")
+                continue
+            try:
+                found = cls().detect(model_dir)
+            except Exception as e:  # detect must not raise; a buggy one is reported, not fatal
+                checked.append(f"{name} (detect raised {describe_error(e)})")
+                continue
+            checked.append(f"{name}: {'yes' if found else 'no'}")
+            if found:
+                hits.append((name, found if isinstance(found, str) else None))
+        if only is None:
+            checked += [f"{f.plugin} (unavailable: {f.error})" for f in self.failures]
+        return hits, checked
 
     def load_all(self) -> dict[str, type]:
         """Import every engine; the ones that fail are added to `failures` and left out."""

@@ -67,22 +67,15 @@ class ToneModel(Model):
         self._m = modules
         self._presets = {k: float(v) for k, v in config["voices"].items()}
         self._cached: dict[str, float] = {}
-        self._stages = (
+        self.stages = (
             Stage("listen", "frontend", {"probe": modules["probe"]}, memory=self._listen_memory),
             Stage("notes", "sequence", {"table": modules["table"]}, memory=self._notes_memory),
             Stage("render", "frames", {"gain": modules["gain"], "window": modules["window"]},
                   fixed={"window"}, memory=self._render_memory),
         )
-        self._caps = Capabilities(modes=frozenset(MODES), sample_rate=self.rate, stream_out=True, stream_in=True,
+        self.capabilities = Capabilities(modes=frozenset(MODES), sample_rate=self.rate, stream_out=True, stream_in=True,
                                   languages=tuple(config.get("languages", ())), voice_cache=True)
 
-    @property
-    def stages(self) -> tuple[Stage, ...]:
-        return self._stages
-
-    @property
-    def capabilities(self) -> Capabilities:
-        return self._caps
 
     def voices(self) -> list[Voice]:
         return [Voice(k, "preset", f"{v:g} Hz") for k, v in self._presets.items()] + \

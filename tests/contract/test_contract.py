@@ -9,6 +9,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from mizuoto.runtime.plugins import Registry
 from mizuoto.testing.contract import *  # noqa: F401,F403  (the tests and their parametrization)
 from mizuoto.testing.fixtures import fixtures_root
 from mizuoto.testing.toy import write_model
@@ -18,9 +19,10 @@ atexit.register(shutil.rmtree, _TMP, ignore_errors=True)
 
 
 def CONTRACT_MODELS():
-    """A fresh tone model, and every fixture directory up to three levels deep (engines' detect decides)."""
+    """A fresh tone model, the plugins' example models (mizuoto-piper's voice), and every fixture directory
+    up to three levels deep (engines' detect decides)."""
     root = fixtures_root()
     dirs = [p for p in root.glob("*/*/*") if p.is_dir()] + [p for p in root.glob("*/*") if p.is_dir()]
-    import mizuoto_piper  # the third-party plugin, installed from plugins/mizuoto-piper
-
-    return [write_model(_TMP / "tone"), mizuoto_piper.default_voice_dir()] + sorted(dirs)
+    examples = Registry().example_models()
+    assert examples, "no plugin offers an example model (mizuoto-piper's default voice is expected)"
+    return [write_model(_TMP / "tone"), *examples] + sorted(dirs)

@@ -112,7 +112,7 @@ def test_ambiguous_and_buggy_engines(tone_dir):
             rt.load(tone_dir)
         assert rt.load(tone_dir, engine="echo") == "tone"
         assert rt.info("tone").engine == "echo"
-        assert "crash (detect raised OSError: detect bug)" in rt._detect(tone_dir)[1]
+        assert "crash (detect raised OSError: detect bug)" in rt.registry.detect_report(tone_dir)[1]
     with Runtime(engines=[_Buggy], plugins=False) as rt:
         with pytest.raises(ModelLoadError, match="engine 'buggy' failed to load .*: KeyError: 'weights'"):
             rt.load(tone_dir)
@@ -221,3 +221,23 @@ def test_concurrent_requests_match_sequential(rt, tone_dir):
     for t in threads:
         t.join(30)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_rehearse_plans_for_another_device_and_moves_nothing(rt, tone_dir):
+    rt.load(tone_dir, device="cpu")
+    rt.load(tone_dir, device="cpu")
+    before = [(m.name, m.device, m.state) for m in rt.models()]
+    r = rt.rehearse("cuda", vram="5MiB", ram="1GiB")  # no GPU needed: a vram budget is given
+    assert (r.device, r.budget, r.active, r.offloaded) == ("cuda", 5 << 20, ("tone-2",), ("tone",))
+    assert [a.model for a in r.admissions] == ["tone", "tone-2"] and r.admissions[0].evictions == ()
+    assert [(e.model, e.action) for e in r.admissions[1].evictions] == [("tone", "offload")]
+    first, second = (a.plan for a in r.admissions)
+    assert first.device == second.device == "cuda"
+    assert r.in_use == second.peak + first.fixed  # an offloaded model's fixed modules stay on the device
+    assert [(m.name, m.device, m.state) for m in rt.models()] == before
+    on_cpu = rt.rehearse("cpu", stream=True, ram="2MiB")
+    assert [a.plan for a in on_cpu.admissions] == [None, None] and on_cpu.active == ()
+    assert "does not fit 2.00 MiB on cpu" in on_cpu.admissions[0].refused
+    if not torch.cuda.is_available():
+        with pytest.raises(InvalidRequest, match="no cuda device on this machine"):
+            rt.rehearse("cuda")

@@ -1,10 +1,13 @@
 """Load options: known keys in their spellings, bad values and unknown keys rejected."""
 
+import argparse
+
 import pytest
 import torch
 
 from mizuoto.errors import InvalidRequest
-from mizuoto.runtime.options import ComputeOptions, LoadOptions, parse_options
+from mizuoto.runtime.options import (ComputeOptions, LoadOptions, add_load_arguments, options_from_args,
+                                     parse_options)
 
 
 def test_defaults_and_spellings():
@@ -40,3 +43,33 @@ def test_resolved_device():
     if not torch.cuda.is_available():
         with pytest.raises(InvalidRequest, match="CUDA is not available"):
             parse_options(device="cuda:0").resolved()
+
+
+def _parsed(argv, environ=None):
+    parser = argparse.ArgumentParser()
+    add_load_arguments(parser, environ)
+    return parser.parse_args(argv)
+
+
+def test_the_command_line_parser():
+    assert options_from_args(_parsed([])) == LoadOptions()
+    args = _parsed(["--option", "compute.kv_cache=static", "--option", "device=cpu", "--device", "meta",
+                    "--precision", "fp16", "--option", " compute.compile = on "])
+    assert options_from_args(args) == LoadOptions("meta", "fp16", ComputeOptions("static", False, True))  # flags win
+    with pytest.raises(InvalidRequest, match="--option takes KEY=VALUE, got 'kv_cache'"):
+        options_from_args(_parsed(["--option", "kv_cache"]))
+    with pytest.raises(InvalidRequest, match="unknown option 'colour'"):
+        options_from_args(_parsed(["--option", "colour=red"]))
+
+
+def test_the_parser_reads_defaults_from_the_environment_when_asked():
+    environ = {"MIZUOTO_DEVICE": "cpu", "MIZUOTO_PRECISION": "fp16", "MIZUOTO_OPTIONS": "compute.kv_cache=static"}
+    assert options_from_args(_parsed([], environ)) == LoadOptions("cpu", "fp16", ComputeOptions("static"))
+    args = _parsed(["--device", "meta", "--option", "compute.compile=1"], environ)
+    assert options_from_args(args) == LoadOptions("meta", "fp16", ComputeOptions("static", False, True))
+    assert options_from_args(_parsed([])) == LoadOptions()  # without environ, the environment is not read
+
+
+def test_as_dict_round_trips():
+    options = LoadOptions("cpu", "fp16", ComputeOptions("static", True, False))
+    assert parse_options(**options.as_dict()) == options

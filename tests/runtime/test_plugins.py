@@ -37,8 +37,8 @@ def test_nothing_heavy_imported_until_used():
 
 
 def test_lazy_builtin_that_fails_is_reported_by_name(monkeypatch):
-    monkeypatch.setattr(plugins, "BUILTIN_ENGINES", {"ghost": ("mizuoto.no_such_module", "GhostEngine"),
-                                                     "fake": ("mizuoto.testing.toy", "ToneModel")})
+    monkeypatch.setattr(plugins, "BUILTIN_ENGINES", {"ghost": ("mizuoto.no_such_module", "GhostEngine", ()),
+                                                     "fake": ("mizuoto.testing.toy", "ToneModel", ())})
     reg = Registry(entry_points=False)
     assert reg.names() == ["fake", "ghost"]
     with pytest.raises(ModelLoadError, match="engine 'ghost' \\(plugin builtin\\) failed to load: "
@@ -126,3 +126,49 @@ def test_find_resource_asks_plugins(monkeypatch, tmp_path):
     assert plugins.find_resource("tone/lexicon") == found
     with pytest.raises(ResourceError, match="shared resource 'tone/other' not found"):
         plugins.find_resource("tone/other")
+
+
+def test_engine_ref_patterns_keep_unmatched_engines_unimported(tmp_path):
+    """A directory without a matching file is answered "no" without importing the engine."""
+    (tmp_path / "other.txt").write_text("x")
+    code = ("import sys; from mizuoto.runtime.plugins import Registry; r = Registry(); "
+            f"hits, checked = r.detect_report({str(tmp_path)!r}); "
+            "assert 'mizuoto.engines.cosyvoice.engine' not in sys.modules, checked; "
+            "assert 'mizuoto_piper.engine' not in sys.modules, checked; "
+            "assert any(c.startswith('cosyvoice: no (no cosyvoice*.yaml)') for c in checked), checked")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_engine_ref_patterns_let_matching_dirs_through(tmp_path):
+    reg = Registry(entry_points=False, builtins=False,
+                   extra=(_Plugin([EngineRef("tone", "mizuoto.testing.toy", "ToneEngine", patterns=("*.tone",))]),))
+    assert not EngineRef("x", "m", "a", ("*.tone",)).may_detect(tmp_path)
+    assert reg.detect(tmp_path) == []
+    assert "tone" not in reg._classes  # not imported for a directory without *.tone
+    from mizuoto.testing.toy import write_model
+    model = write_model(tmp_path / "m")
+    (model / "voice.tone").write_text("")
+    assert EngineRef("x", "m", "a", ("*.tone",)).may_detect(model)
+    assert [name for name, _ in reg.detect(model)] == ["tone"]
+
+
+def test_every_hook_has_an_implementer_among_the_installed_plugins():
+    """pytest's rule for hookspec.py: no hook is declared that nobody implements."""
+    from mizuoto.runtime import hookspecs
+
+    reg = Registry()
+    declared = sorted(n for n in dir(hookspecs) if n.startswith("mizuoto_"))
+    assert declared == ["mizuoto_assets", "mizuoto_engines", "mizuoto_example_models"]
+    implementers = {n: {reg.pm.get_name(i.plugin) for i in getattr(reg.pm.hook, n).get_hookimpls()}
+                    for n in declared}
+    assert "builtin" in implementers["mizuoto_engines"] and "piper" in implementers["mizuoto_engines"]
+    assert "piper" in implementers["mizuoto_example_models"]
+    assert implementers["mizuoto_assets"] - {"toy"}, "no real plugin implements mizuoto_assets"
+
+
+def test_piper_offers_its_default_voice_as_an_example_model():
+    import mizuoto_piper
+
+    examples = Registry().example_models()
+    assert mizuoto_piper.default_voice_dir() in examples
+    assert all(Registry().detect(p) for p in examples)

@@ -1,33 +1,34 @@
-"""`mizuoto bench` for CosyVoice 2/3: a driver over the engine's own stage modules, and random models.
+"""`mizuoto bench` for CosyVoice 2/3: the loaded model's own synthesizer on one fixed request, and random models.
 
-The driver loads a model directory's LM, flow and HiFT with the engine's loaders (no front
-end: the request is made of token ids), and runs one fixed request: the settings' text with a
-random 3-second voice prompt (75 speech tokens, their mel frames and an x-vector), the LM
-generating exactly `tokens` speech tokens through `generate` with every stop id suppressed.
-Streaming runs the engine's own `Synthesizer`, so the first chunk is cut where a request's is.
+The driver loads a model directory as a request would (CosyVoiceModel, its stages placed on the
+device) and times the Synthesizer's own stage calls: `lm_tokens` (the LM's `generate`, with
+every stop id suppressed so exactly `tokens` tokens come), `mel` (the flow's `token2mel`) and
+`speech` (the vocoder's `vocode`), and `run` for a streamed request. The request is the
+settings' text with a random 3-second voice prompt (75 speech tokens, their mel frames and an
+x-vector); no front end runs, so a directory without the front end's ONNX files can be benched.
 
 `build_random_cosyvoice2` writes a full-size CosyVoice 2 directory with random weights, in
 upstream's checkpoint format: sizes come only from the real cosyvoice2.yaml and the Qwen
-config.json in the shared assets, since no real weights can be downloaded here.
+config.json of an assets folder (`--assets` or $MIZUOTO_ASSETS), since no real weights can be
+downloaded here.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any, Iterator
 
 import torch
 
-from mizuoto.engines.cosyvoice.flow import build_flow, load_flow_weights
-from mizuoto.engines.cosyvoice.hift import build_hift, load_hift
-from mizuoto.engines.cosyvoice.llm import ENDOFPROMPT_ID, QwenSpeechLM, build_lm, load_lm
-from mizuoto.engines.cosyvoice.noise import cosyvoice3_noise
-from mizuoto.engines.cosyvoice.synthesis import Synthesizer, schedule_for
+from mizuoto.engines.cosyvoice.flow import build_flow
+from mizuoto.engines.cosyvoice.hift import build_hift
+from mizuoto.engines.cosyvoice.llm import ENDOFPROMPT_ID, QwenSpeechLM, build_lm
+from mizuoto.engines.cosyvoice.synthesis import Synthesizer
 from mizuoto.engines.cosyvoice.variants import find_variant, load_config
 from mizuoto.errors import InvalidRequest
-from mizuoto.runtime.graphs import use_cuda_graphs
 
 BLANK_EN = "CosyVoice-BlankEN"
 RANDOM_KINDS = ("cosyvoice2",)
@@ -38,15 +39,11 @@ _WN_G, _WN_V = ".parametrizations.weight.original0", ".parametrizations.weight.o
 
 
 def assets_dir(assets: str | Path | None = None) -> Path:
-    """The shared assets folder (`--assets`, else $MIZUOTO_ASSETS or the one beside the fixtures)."""
-    if assets is not None:
-        path = Path(assets)
-    else:
-        from mizuoto.testing.fixtures import assets_root
-        try:
-            path = assets_root()
-        except FileNotFoundError as exc:
-            raise InvalidRequest(f"bench --random: {exc} (or pass --assets DIR)") from None
+    """The assets folder holding cosyvoice/CosyVoice2-0.5B/cosyvoice2.yaml (`--assets`, else $MIZUOTO_ASSETS)."""
+    if assets is None and not os.environ.get("MIZUOTO_ASSETS"):
+        raise InvalidRequest("bench --random: pass --assets DIR (or set $MIZUOTO_ASSETS): a folder with "
+                             "cosyvoice/CosyVoice2-0.5B/cosyvoice2.yaml and cosyvoice/CosyVoice-BlankEN/")
+    path = Path(assets if assets is not None else os.environ["MIZUOTO_ASSETS"])
     if not (path / "cosyvoice" / "CosyVoice2-0.5B" / "cosyvoice2.yaml").is_file():
         raise InvalidRequest(f"bench --random: {path} has no cosyvoice/CosyVoice2-0.5B/cosyvoice2.yaml")
     return path
@@ -107,139 +104,92 @@ def lm_step_bytes(lm: QwenSpeechLM, positions: float) -> int:
 class CosyVoiceBench:
     """The bench driver of one CosyVoice 2/3 model directory (see mizuoto.runtime.bench.BenchDriver)."""
 
-    def __init__(self, model_dir: Path, options: Any, settings: Any, label: str | None = None) -> None:
-        variant = find_variant(model_dir)
-        if variant is None or variant.version < 2:
-            raise InvalidRequest(f"bench: {model_dir} is not a CosyVoice 2/3 model (CosyVoice 1 is not benchmarked)")
-        self.options, self.settings = options, settings
-        self.settings_tokens = settings.tokens  # what the LM stage generates (set per call)
+    def __init__(self, model: Any, settings: Any, label: str | None = None) -> None:
+        variant, options = model.variant, model.options
+        if variant.version < 2:
+            raise InvalidRequest(f"bench: {model.model_dir} is not a CosyVoice 2/3 model (CosyVoice 1 is not benchmarked)")
+        self.settings = settings
         self.device = device = torch.device(options.device)
-        config = load_config(model_dir, variant)
-        self.sample_rate = int(config["sample_rate"])
-        self.llm = load_lm(model_dir, config).to(device)
-        self.flow_module = load_flow_weights(build_flow(config), model_dir / "flow.pt").eval().to(device)
-        if options.compute.compile:
-            self.flow_module.decoder.estimator.compile()
-        noise = cosyvoice3_noise(config) if variant.version == 3 else None
-        self.hift = load_hift(model_dir / "hift.pt", config, noise, device=device)
-        self.version = variant.version
+        self.model = model
+        for stage in self.model.stages:  # placed as a resident plan would: every movable module on the device
+            for module in stage.movable().values():
+                module.to(device)
+        self.sample_rate = self.model.sample_rate
+        graphs = self.model.synthesizer().lm_options.get("cuda_graphs", False)
         kv = options.compute.kv_cache
-        why = None if kv == "static" else "it needs compute.kv_cache=static"
-        self.lm_options = {"cache": kv, "cuda_graphs": use_cuda_graphs(options.compute.cuda_graphs, device,
-                                                                       "the LM", why)}
-        decode = ("CUDA graphs" if self.lm_options["cuda_graphs"] else "on-device sampler") \
-            if device.type == "cuda" else "upstream's loop"
-        self.name = (f"cosyvoice{variant.version} ({label or model_dir.name}; {kv} KV cache, {decode}; "
+        decode = ("CUDA graphs" if graphs else "on-device sampler") if device.type == "cuda" else "upstream's loop"
+        self.name = (f"cosyvoice{variant.version} ({label or model.model_dir.name}; {kv} KV cache, {decode}; "
                      f"{options.precision}{', compiled flow' if options.compute.compile else ''})")
-        node = config["flow"]
-        self.schedule = schedule_for(variant.version, int(node.get("input_frame_rate", 50)),
-                                     int(node.get("token_mel_ratio", 1)), int(node.get("pre_lookahead_len", 0)),
-                                     self.sample_rate)
-        self.inputs = self._request(model_dir, config, int(node.get("token_mel_ratio", 1)))
+        self.inputs = self._request()
 
-    def _request(self, model_dir: Path, config: dict, mel_ratio: int) -> dict[str, torch.Tensor]:
-        from mizuoto.text.tokenize import QwenTokenizer
-
-        node = config.get("get_tokenizer")
-        version = node.get("version", "cosyvoice2") if node is not None else "cosyvoice2"
-        tok = QwenTokenizer.from_dir(model_dir / BLANK_EN, version=version)
+    def _request(self) -> dict[str, torch.Tensor]:
+        model = self.model
+        tok = model.frontend.tokenizer
         text = tok.encode(self.settings.text)
         if not text:
             raise InvalidRequest("bench: the request text is empty")
         prompt_text = tok.encode(self.settings.prompt_text)
-        if self.version == 3 and ENDOFPROMPT_ID not in text + prompt_text:
+        if model.variant.version == 3 and ENDOFPROMPT_ID not in text + prompt_text:
             prompt_text.append(ENDOFPROMPT_ID)  # CosyVoice 3 needs it
         g = torch.Generator().manual_seed(2)
-        speech = torch.randint(0, self.llm.speech_token_size, (1, PROMPT_TOKENS), generator=g, dtype=torch.int32)
-        spk_dim = self.flow_module.spk_embed_affine_layer.in_features
+        speech = torch.randint(0, model.llm.speech_token_size, (1, PROMPT_TOKENS), generator=g, dtype=torch.int32)
+        spk_dim = model.flow.spk_embed_affine_layer.in_features
+        mel_frames = PROMPT_TOKENS * model.schedule.token_mel_ratio
         return {"text": torch.tensor([text], dtype=torch.int32),
                 "prompt_text": torch.tensor([prompt_text], dtype=torch.int32).reshape(1, -1),
                 "llm_prompt_speech_token": speech, "flow_prompt_speech_token": speech,
-                "prompt_speech_feat": torch.randn(1, PROMPT_TOKENS * mel_ratio, self.flow_module.output_size,
-                                                  generator=g),
+                "prompt_speech_feat": torch.randn(1, mel_frames, model.flow.output_size, generator=g),
                 "llm_embedding": torch.randn(1, spk_dim, generator=g),
-                "flow_embedding": torch.randn(1, spk_dim, generator=g)}
+                "flow_embedding": torch.randn(1, spk_dim, generator=g),
+                "source_speech_token": torch.zeros(1, 0, dtype=torch.int32)}
 
-    def _autocast(self):
-        # upstream's fp16: CUDA autocast around the LM and the flow
-        return torch.autocast("cuda", dtype=torch.float16,
-                              enabled=self.options.precision == "fp16" and self.device.type == "cuda")
+    def synthesizer(self, tokens: int) -> Synthesizer:
+        """The model's own synthesizer, its LM made to speak exactly `tokens` tokens (stop ids suppressed)."""
+        # max_len = int(len(text) * ratio) must be exactly `tokens`: aim at its middle
+        ratio = (tokens + 0.5) / self.inputs["text"].shape[1]
+        return self.model.synthesizer(max_token_text_ratio=ratio, min_token_text_ratio=0, suppress_stop=True)
 
     def _generator(self, seed: int) -> torch.Generator:
         return torch.Generator(device=self.device).manual_seed(seed)
 
-    # -- the engine's stages, as the Synthesizer calls them -------------------------------------
-    def _lm_stage(self, text, prompt_text, prompt_speech_token, embedding, generator) -> Iterator[int]:
-        tokens = self.settings_tokens
-        d = self.device
-        # max_len = int(len(text) * ratio) must be exactly `tokens`: aim at its middle
-        ratio = (tokens + 0.5) / text.shape[1]
-        it = self.llm.generate(text.to(d), prompt_text.to(d), prompt_speech_token.to(d), generator=generator,
-                               max_token_text_ratio=ratio, min_token_text_ratio=0, suppress_stop=True,
-                               **self.lm_options)
-        while True:
-            with self._autocast():
-                token = next(it, None)
-            if token is None:
-                return
-            yield token
-
-    def _flow_stage(self, token, prompt_token, prompt_feat, embedding, *, streaming, finalize, cache, generator):
-        d = self.device
-        with self._autocast():
-            mel = self.flow_module.inference(token.to(d), prompt_token.to(d), prompt_feat.to(d), embedding.to(d),
-                                             streaming=streaming, finalize=finalize)
-        return mel.float(), cache
-
-    def _hift_stage(self, mel, *, cache_source, finalize, generator):
-        if self.version == 3:
-            return self.hift.inference(mel.to(self.device), finalize=finalize)
-        return self.hift.inference(mel.to(self.device), cache_source.to(self.device), generator=generator)
-
     # -- BenchDriver ---------------------------------------------------------------------------
     def lm(self, tokens: int) -> list[int]:
-        """Exactly `tokens` speech tokens for the request (stop ids suppressed)."""
-        self.settings_tokens = tokens
-        i = self.inputs
-        out = list(self._lm_stage(i["text"], i["prompt_text"], i["llm_prompt_speech_token"], i["llm_embedding"],
-                                  self._generator(0)))
+        """Exactly `tokens` speech tokens for the request."""
+        out = list(self.synthesizer(tokens).lm_tokens(self.inputs, self._generator(0)))
         assert len(out) == tokens, (len(out), tokens)
         return out
 
     def lm_bytes_per_step(self, tokens: int) -> int:
         """Average bytes per decode step over a `tokens` run."""
         prompt = 2 + sum(self.inputs[k].shape[1] for k in ("text", "prompt_text", "llm_prompt_speech_token"))
-        return lm_step_bytes(self.llm, prompt + tokens / 2)
+        return lm_step_bytes(self.model.llm, prompt + tokens / 2)
 
     def flow(self, tokens: list[int]) -> torch.Tensor:
         """Tokens -> mel, in one piece (a non-streaming request's flow call)."""
-        i = self.inputs
-        mel, _ = self._flow_stage(torch.tensor([tokens], dtype=torch.int32), i["flow_prompt_speech_token"],
-                                  i["prompt_speech_feat"], i["flow_embedding"], streaming=False, finalize=True,
-                                  cache=None, generator=None)
+        mel, _ = self.synthesizer(len(tokens)).mel(torch.tensor([tokens], dtype=torch.int32), self.inputs,
+                                                   streaming=False, finalize=True, cache=None, generator=None)
         return mel
 
     def vocoder(self, mel: torch.Tensor) -> torch.Tensor:
         """Mel -> audio, in one piece."""
-        speech, _ = self._hift_stage(mel, cache_source=torch.zeros(1, 1, 0), finalize=True,
-                                     generator=self._generator(1))
+        speech, _ = self.synthesizer(1).speech(mel, cache_source=torch.zeros(1, 1, 0), finalize=True,
+                                               generator=self._generator(1))
         return speech
 
     def stream(self, tokens: int) -> Iterator[torch.Tensor]:
-        """The request streamed by the engine's Synthesizer (its chunk schedule), audio chunks as they come."""
-        self.settings_tokens = tokens
-        synth = Synthesizer(self.schedule, self._lm_stage, self._flow_stage, self._hift_stage, None,
-                            mel_bins=self.flow_module.output_size)
-        yield from synth.run(self.inputs, stream=True, speed=1.0, lm_gen=self._generator(0),
-                             voc_gen=self._generator(1))
+        """The request streamed by the model's synthesizer (its chunk schedule), audio chunks as they come."""
+        yield from self.synthesizer(tokens).run(self.inputs, stream=True, speed=1.0, lm_gen=self._generator(0),
+                                                voc_gen=self._generator(1))
 
 
-def bench_driver(model_dir: Path | None, random: str | None, options: Any, settings: Any, workdir: Path,
-                 assets: str | Path | None = None) -> CosyVoiceBench:
-    """The factory `mizuoto bench` calls: a model dir, or `--random cosyvoice2` built under `workdir`."""
-    if random is not None:
-        if random not in RANDOM_KINDS:
-            raise InvalidRequest(f"bench: cannot build a random {random!r} (known: {', '.join(RANDOM_KINDS)})")
-        model_dir = build_random_cosyvoice2(Path(workdir) / f"random-{random}", assets)
-        return CosyVoiceBench(model_dir, options, settings, label="random weights, full size")
-    return CosyVoiceBench(Path(model_dir), options, settings)
+def bench_model_dir(model_dir: Path | None, random: str | None, workdir: Path,
+                    assets: str | Path | None = None) -> tuple[Path, str | None]:
+    """The directory `mizuoto bench` loads (a random kind is built under `workdir`) and its label."""
+    if random is None:
+        variant = find_variant(Path(model_dir))
+        if variant is None or variant.version < 2:
+            raise InvalidRequest(f"bench: {model_dir} is not a CosyVoice 2/3 model (CosyVoice 1 is not benchmarked)")
+        return Path(model_dir), None
+    if random not in RANDOM_KINDS:
+        raise InvalidRequest(f"bench: cannot build a random {random!r} (known: {', '.join(RANDOM_KINDS)})")
+    return build_random_cosyvoice2(Path(workdir) / f"random-{random}", assets), "random weights, full size"

@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 
-import mizuoto.engines.cosyvoice.flow_dit  # noqa: F401  (registers the v3 flow builders)
 from mizuoto.engines.cosyvoice.flow import build_flow, load_flow_weights
 from mizuoto.engines.cosyvoice.frontend import CosyVoiceFrontend
 from mizuoto.engines.cosyvoice.hift import load_hift
@@ -27,7 +26,7 @@ from mizuoto.engines.cosyvoice.synthesis import Synthesizer, request_generators,
 from mizuoto.engines.cosyvoice.variants import find_variant, load_config
 from mizuoto.nn.vocoders.f0 import f0_device
 from mizuoto.runtime.engine import (MODES, AudioChunk, Capabilities, Engine, Model, Reference, Stage,
-                                    SynthesisRequest, Voice)
+                                    SynthesisRequest, Voice, check_request)
 from mizuoto.errors import InvalidRequest, MizuotoError, ModelLoadError
 from mizuoto.runtime.graphs import use_cuda_graphs
 from mizuoto.runtime.options import LoadOptions
@@ -48,11 +47,12 @@ class CosyVoiceEngine(Engine):
     bench_random = ("cosyvoice2",)  # `mizuoto bench --random cosyvoice2`
 
     def bench_driver(self, model_dir: Path | None, random: str | None, options: Any, settings: Any,
-                     workdir: Path, **kwargs: Any) -> Any:
-        """`mizuoto bench`'s driver for a CosyVoice 2/3 directory or a random full-size model."""
-        from mizuoto.engines.cosyvoice.bench import bench_driver
+                     workdir: Path, assets: str | Path | None = None) -> Any:
+        """`mizuoto bench`'s driver: this engine's own model of a CosyVoice 2/3 directory or a random full-size one."""
+        from mizuoto.engines.cosyvoice.bench import CosyVoiceBench, bench_model_dir
 
-        return bench_driver(model_dir, random, options, settings, workdir, **kwargs)
+        model_dir, label = bench_model_dir(model_dir, random, workdir, assets)
+        return CosyVoiceBench(CosyVoiceModel(model_dir, options, frontend_optional=True), settings, label)
 
     def detect(self, model_dir: Path) -> bool | str:
         """"cosyvoice1|2|3" when the directory holds that generation's yaml."""
@@ -72,7 +72,7 @@ class CosyVoiceEngine(Engine):
 class CosyVoiceModel(Model):
     """One loaded CosyVoice directory."""
 
-    def __init__(self, model_dir: Path, options: LoadOptions):
+    def __init__(self, model_dir: Path, options: LoadOptions, frontend_optional: bool = False):
         if not model_dir.is_dir():
             raise ModelLoadError(f"model directory not found: {model_dir}")
         variant = find_variant(model_dir)
@@ -95,24 +95,22 @@ class CosyVoiceModel(Model):
         self.frontend = CosyVoiceFrontend(model_dir, variant, config, device="cpu")
         self.presets, self.cached = self._read_spk2info(model_dir / "spk2info.pt")
         self._voices_lock = threading.Lock()
-        flow_node = config["flow"]
-        self.schedule = schedule_for(variant.version, int(flow_node.get("input_frame_rate", 50)),
-                                     int(flow_node.get("token_mel_ratio", 1)),
-                                     int(flow_node.get("pre_lookahead_len", 0)), self.sample_rate)
+        self.schedule = schedule_for(variant.version, self.flow, self.sample_rate)
         self._audio_ok = not self.frontend.missing_files(need_audio=True)
         self._text_ok = not self.frontend.missing_files(need_audio=False)
         front_modules = {}
         if self._audio_ok:
             front_modules = {"speech_tokenizer": self.frontend.speech_tokenizer, "campplus": self.frontend.campplus}
         fixed_hift = {"f0_predictor"} if variant.version == 3 and f0_device(device) != device else set()
-        self._stages = (
+        self.stages = (
             Stage("frontend", "frontend", front_modules, fixed={"campplus"} & set(front_modules)),
             Stage("llm", "sequence", {"llm": self.llm}, memory=lm_stage_memory(self.llm)),
             Stage("flow", "frames", {"flow": self.flow}, memory=frames_stage_memory(self.flow, self.sample_rate)),
             Stage("hift", "frames", dict(self.hift.named_children()), fixed=fixed_hift,
                   memory=frames_stage_memory(self.hift, self.sample_rate)),
         )
-        self._caps = self._capabilities()
+        # the bench runs token ids through the stages: a directory without the front end's files is fine there
+        self.capabilities = None if frontend_optional and not self._audio_ok else self._capabilities()
 
     def _cuda_graphs(self, device: torch.device) -> dict[str, bool]:
         """The LM's `cuda_graphs` argument; when requested but impossible, log why once, here."""
@@ -123,14 +121,6 @@ class CosyVoiceModel(Model):
         why = None if self.options.compute.kv_cache == "static" else "it needs compute.kv_cache=static"
         return {"cuda_graphs": use_cuda_graphs(requested, device, "the LM", why)}
 
-    # -- contract ------------------------------------------------------------------------------
-    @property
-    def stages(self) -> tuple[Stage, ...]:
-        return self._stages
-
-    @property
-    def capabilities(self) -> Capabilities:
-        return self._caps
 
     def _capabilities(self) -> Capabilities:
         modes = set()
@@ -169,7 +159,7 @@ class CosyVoiceModel(Model):
             prompt = self.frontend.voice_prompt(ref_audio, ref_text)
         with self._voices_lock:
             self.cached[voice_id] = prompt
-        self._caps = self._capabilities()
+        self.capabilities = self._capabilities()
         return Voice(voice_id, "cached")
 
     def close(self) -> None:
@@ -196,25 +186,31 @@ class CosyVoiceModel(Model):
 
     # -- synthesis -----------------------------------------------------------------------------
     def synthesize(self, request: SynthesisRequest) -> Iterator[AudioChunk]:
-        mode = request.mode
-        if mode not in self._caps.modes:
-            raise InvalidRequest(f"mode {mode!r} is not available for {self.model_dir.name} "
-                                 f"(available: {', '.join(sorted(self._caps.modes))})")
-        if request.stream and request.speed != 1.0:
-            raise InvalidRequest("speed can only be changed without streaming (as upstream)")
-        if request.text_streamed and (self.variant.version < 2 or mode not in ("clone", "instruct")):
-            raise InvalidRequest("streaming text in needs CosyVoice 2/3 and a reference text (mode clone, "
-                                 f"or instruct); got mode {mode!r} on CosyVoice {self.variant.version}")
+        request = check_request(request, self, self.model_dir.name)
+        self._check(request)
         inputs = self._inputs(request)  # everything that can fail on bad input, before any audio
         seed = request.seed if request.seed is not None else int(torch.randint(0, 2**31 - 1, (1,)))
-        lm_gen, voc_gen = request_generators(seed, request.stream, mode != "vc")
-        return self._chunks(self.synthesizer(with_lm=mode != "vc"), inputs, request, lm_gen, voc_gen)
+        lm_gen, voc_gen = request_generators(seed, request.stream, request.mode != "vc")
+        return self._chunks(self.synthesizer(with_lm=request.mode != "vc"), inputs, request, lm_gen, voc_gen)
 
-    def synthesizer(self, with_lm: bool = True) -> Synthesizer:
-        """The request runner over this model's stages (upstream's model.tts for one model input)."""
-        return Synthesizer(self.schedule, self._lm_stage if with_lm else None, self._flow_stage,
-                           self._hift_stage, drop_silent_runs if self.variant.version == 3 else None,
-                           mel_bins=self.flow.output_size)
+    def _check(self, request: SynthesisRequest) -> None:
+        """CosyVoice's own request rules (the contract's are checked by `check_request`)."""
+        if request.stream and request.speed != 1.0:
+            raise InvalidRequest("speed can only be changed without streaming (as upstream)")
+        if request.text_streamed and (self.variant.version < 2 or request.mode not in ("clone", "instruct")):
+            raise InvalidRequest("streaming text in needs CosyVoice 2/3 and a reference text (mode clone, "
+                                 f"or instruct); got mode {request.mode!r} on CosyVoice {self.variant.version}")
+
+    def synthesizer(self, with_lm: bool = True, **lm_options: Any) -> Synthesizer:
+        """The request runner over this model's own stages (upstream's model.tts for one model input).
+
+        `lm_options` go to the LM's `generate` beside the load options' KV cache and CUDA graphs
+        (the bench passes its stop suppression and length ratio here).
+        """
+        options = {"cache": self.options.compute.kv_cache, **self._graphs_arg, **lm_options}
+        return Synthesizer(self.schedule, lm=self.llm if with_lm else None, flow=self.flow, hift=self.hift,
+                           use=self.use, precision=self.options.precision, lm_options=options,
+                           token_filter=drop_silent_runs if self.variant.version == 3 else None)
 
     def _chunks(self, synth: Synthesizer, inputs: list[dict], request: SynthesisRequest,
                 lm_gen: torch.Generator, voc_gen: torch.Generator) -> Iterator[AudioChunk]:
@@ -222,7 +218,7 @@ class CosyVoiceModel(Model):
             for n, model_input in enumerate(inputs, start=1):
                 for audio, last in synth.run_marked(model_input, stream=request.stream, speed=request.speed,
                                                     lm_gen=lm_gen, voc_gen=voc_gen):
-                    yield audio[0].float().contiguous(), last and n == len(inputs)
+                    yield audio[0].float().cpu().contiguous(), last and n == len(inputs)
 
         audio = pieces()
         if not request.stream:
@@ -275,9 +271,6 @@ class CosyVoiceModel(Model):
                 and "flow_prompt_speech_token" not in prompt:
             raise InvalidRequest(f"mode {mode!r} on CosyVoice {self.variant.version} needs a reference "
                                  "or cached voice, not a preset speaker")
-        if mode == "clone" and "prompt_text" not in prompt:
-            raise InvalidRequest("clone mode needs the reference text; use cross_lingual without it"
-                                 + (" (streaming text in always needs it)" if request.text_streamed else ""))
         if request.text_streamed:
             text = self.frontend.streamed_tokens(iter(request.text))
             return [self.frontend.model_input(mode, text, prompt, request.instruct)]
@@ -286,43 +279,3 @@ class CosyVoiceModel(Model):
             segments = [self.frontend.with_system_prompt(s) for s in segments]
         return [self.frontend.model_input(mode, self.frontend.tokens(s), prompt, request.instruct)
                 for s in segments]
-
-    # -- stage callables (device moves happen inside `use`) -------------------------------------
-    def _lm_stage(self, text: Any, prompt_text: torch.Tensor, prompt_speech_token: torch.Tensor,
-                  embedding: torch.Tensor, generator: torch.Generator) -> Iterator[int]:
-        kv = self.options.compute.kv_cache
-        if isinstance(text, torch.Tensor):
-            tokens = self.llm.generate(text, prompt_text, prompt_speech_token, generator=generator,
-                                       embedding=embedding, cache=kv, **self._graphs_arg)
-        else:
-            # streamed text has no length bound for a static cache: eager steps (on CUDA still
-            # the on-device sampler)
-            tokens = self.llm.generate_bistream(text, prompt_text, prompt_speech_token, generator=generator)
-        while True:
-            with self.use("llm") as device, self._autocast(device):
-                token = next(tokens, None)
-            if token is None:
-                return
-            yield token
-
-    def _autocast(self, device: torch.device):
-        """Upstream's fp16: `torch.cuda.amp.autocast(fp16)` around the LM and the flow (CUDA only)."""
-        return torch.autocast("cuda", dtype=torch.float16,
-                              enabled=self.options.precision == "fp16" and torch.device(device).type == "cuda")
-
-    def _flow_stage(self, token, prompt_token, prompt_feat, embedding, *, streaming, finalize, cache, generator):
-        with self.use("flow") as device, self._autocast(device):
-            args = [t.to(device) for t in (token, prompt_token, prompt_feat, embedding)]
-            if self.variant.version == 1:
-                mel, cache = self.flow.inference(*args, flow_cache=cache, generator=generator)
-            else:
-                mel = self.flow.inference(*args, streaming=streaming, finalize=finalize)
-            return mel.float().cpu(), cache
-
-    def _hift_stage(self, mel, *, cache_source, finalize, generator):
-        with self.use("hift") as device:
-            if self.variant.version == 3:
-                speech, source = self.hift.inference(mel.to(device), finalize=finalize)
-            else:
-                speech, source = self.hift.inference(mel.to(device), cache_source.to(device), generator=generator)
-            return speech.cpu(), source.cpu()

@@ -1,9 +1,9 @@
-"""CosyVoice's flow stage: speech tokens (+ voice prompt) -> mel; v1 and v2 here.
+"""CosyVoice's flow stage: speech tokens (+ voice prompt) -> mel; the v1 and v2 classes and every builder.
 
 `build_flow(config)` reads the yaml's `flow` node (HyperPyYAML tags read as data) and builds
 the matching wrapper; `load_flow_weights` loads `flow.pt` by upstream's key names. Flow classes
-and estimators are looked up by their yaml class name in FLOWS / ESTIMATORS, so another
-generation plugs in by registering its builders there (CosyVoice 3's DiT: flow_dit.py).
+and estimators are looked up by their yaml class name in FLOWS / ESTIMATORS, which list every
+generation's builders (CosyVoice 3's DiT flow class lives in flow_dit.py).
 """
 
 from __future__ import annotations
@@ -13,73 +13,23 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from mizuoto.nn.flow.cfm import FIXED_NOISE_SHAPE, ConditionalCFM
+from mizuoto.engines.cosyvoice.flow_base import N_TIMESTEPS, XvecFlow
+from mizuoto.engines.cosyvoice.flow_dit import CausalMaskedDiffWithDiT
+from mizuoto.errors import ModelLoadError
+from mizuoto.nn.flow.cfm import ConditionalCFM
 from mizuoto.nn.flow.length_regulator import InterpolateRegulator, mel_frames_for_tokens
 from mizuoto.nn.flow.unet1d import ConditionalDecoder
-from mizuoto.nn.transformer.masks import make_pad_mask
-from mizuoto.nn.transformer.upsample import UpsampleConformerEncoder
+from mizuoto.nn.transformer.dit import DiT
+from mizuoto.nn.transformer.upsample import PreLookaheadLayer, UpsampleConformerEncoder
 from mizuoto.nn.transformer.wenet import ConformerEncoder
-from mizuoto.errors import InvalidRequest, ModelLoadError
+from mizuoto.runtime.convert.checkpoint import load_checkpoint
 from mizuoto.runtime.hyperyaml import Tagged
 
-N_TIMESTEPS = 10  # upstream's flow.inference always asks the decoder for 10 Euler steps
 # CosyVoice 1 streams 100-token chunks overlapping by 20 tokens (cli/model.py token_overlap_len);
 # its flow stretches those overlaps to whole mel frames and caches their noise.
 V1_OVERLAP_TOKENS = 20
-
-
-class XvecFlow(nn.Module):
-    """What every CosyVoice flow shares: token embedding and the x-vector projection."""
-
-    def __init__(self, vocab_size: int, input_size: int, output_size: int, spk_embed_dim: int,
-                 input_frame_rate: int):
-        super().__init__()
-        self.input_size = input_size
-        self.output_size = output_size
-        self.input_frame_rate = input_frame_rate
-        self.input_embedding = nn.Embedding(vocab_size, input_size)
-        self.spk_embed_affine_layer = nn.Linear(spk_embed_dim, output_size)
-
-    def speaker(self, embedding: torch.Tensor) -> torch.Tensor:
-        """(1, spk_embed_dim) x-vector -> (1, output_size), normalized first as upstream."""
-        return self.spk_embed_affine_layer(F.normalize(embedding, dim=1))
-
-    def embed_tokens(self, prompt_token: torch.Tensor, token: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        """Prompt tokens then target tokens -> (1, P + N, input_size)."""
-        token = torch.concat([prompt_token, token], dim=1)
-        length = torch.tensor([token.shape[1]], dtype=torch.int32, device=token.device)
-        mask = (~make_pad_mask(length)).unsqueeze(-1).to(like)
-        return self.input_embedding(torch.clamp(token, min=0)) * mask
-
-    def conditions(self, prompt_feat: torch.Tensor, frames: int, like: torch.Tensor) -> torch.Tensor:
-        """(1, output_size, frames): the prompt's mel in front, zeros after."""
-        conds = torch.zeros([1, frames, self.output_size], device=like.device).to(like.dtype)
-        conds[:, :prompt_feat.shape[1]] = prompt_feat
-        return conds.transpose(1, 2)
-
-    @staticmethod
-    def full_mask(frames: int, like: torch.Tensor) -> torch.Tensor:
-        """(1, 1, frames) ones in like's dtype."""
-        return (~make_pad_mask(torch.tensor([frames]))).to(like).unsqueeze(1)
-
-    def check_frames(self, frames: int) -> None:
-        """A request longer than the fixed noise buffer (v2/v3) is refused, as upstream cannot run it."""
-        if getattr(self.decoder, "fixed", False) and frames > FIXED_NOISE_SHAPE[2]:
-            raise InvalidRequest(f"prompt and speech together make {frames} mel frames; the flow "
-                                 f"handles at most {FIXED_NOISE_SHAPE[2]} at once")
-
-    @staticmethod
-    def check_request(token: torch.Tensor, prompt_feat: torch.Tensor, embedding: torch.Tensor) -> None:
-        """Batch-1 shapes, as upstream's flow supports."""
-        if token.dim() != 2 or token.shape[0] != 1:
-            raise InvalidRequest(f"flow tokens must be shaped (1, N), got {tuple(token.shape)}")
-        if prompt_feat.dim() != 3 or prompt_feat.shape[0] != 1:
-            raise InvalidRequest(f"prompt mel must be shaped (1, frames, mels), got {tuple(prompt_feat.shape)}")
-        if embedding.dim() != 2 or embedding.shape[0] != 1:
-            raise InvalidRequest(f"speaker embedding must be shaped (1, dim), got {tuple(embedding.shape)}")
 
 
 class CausalMaskedDiffWithXvec(XvecFlow):
@@ -139,6 +89,12 @@ class MaskedDiffWithXvec(XvecFlow):
     def mel_frames(self, tokens: int) -> int:
         """Mel frames upstream generates for `tokens` tokens."""
         return mel_frames_for_tokens(tokens, self.input_frame_rate, self.mel_sample_rate, self.mel_hop_length)
+
+    def token2mel(self, token: torch.Tensor, prompt_token: torch.Tensor, prompt_feat: torch.Tensor,
+                  embedding: torch.Tensor, *, streaming: bool, finalize: bool, cache: Any = None,
+                  generator: torch.Generator | None = None) -> tuple[torch.Tensor, Any]:
+        """The stage interface: v1 draws its noise from `generator` and carries the overlap's in `cache`."""
+        return self.inference(token, prompt_token, prompt_feat, embedding, flow_cache=cache, generator=generator)
 
     def empty_cache(self) -> torch.Tensor:
         """The streaming cache a request starts with."""
@@ -219,9 +175,19 @@ ENCODERS: dict[str, Callable[[Tagged, Tagged], nn.Module]] = {
     "ConformerEncoder": _conformer,
     "UpsampleConformerEncoder": _upsample_conformer,
 }
+# Estimator options that only matter for training or for decoding modes upstream never uses here.
+_DIT_UNUSED = ("dropout", "out_channels", "num_decoding_left_chunks")
+
+
+def _dit(node: Tagged) -> nn.Module:
+    kwargs = {k: v for k, v in node.kwargs.items() if k not in _DIT_UNUSED}
+    return construct(DiT, Tagged(node.kind, node.target, kwargs), "flow.decoder.estimator")
+
+
 ESTIMATORS: dict[str, Callable[[Tagged], nn.Module]] = {
     "ConditionalDecoder": _unet,
     "CausalConditionalDecoder": _causal_unet,
+    "DiT": _dit,
 }
 # CFM class -> whether its noise is upstream's fixed seed-0 buffer.
 CFM_CLASSES = {"ConditionalCFM": False, "CausalConditionalCFM": True}
@@ -283,9 +249,24 @@ def _build_xvec(config: dict) -> nn.Module:
         decoder=build_cfm(_node(flow.get("decoder"), "flow.decoder"), overlap_frames))
 
 
+def _build_dit_flow(config: dict) -> nn.Module:
+    flow = config["flow"]
+    layer = _node(flow.get("pre_lookahead_layer"), "flow.pre_lookahead_layer")
+    if layer.cls != "PreLookaheadLayer":
+        raise ModelLoadError(f"yaml: flow.pre_lookahead_layer class {layer.cls} is not supported")
+    return CausalMaskedDiffWithDiT(
+        vocab_size=flow.get("vocab_size", 4096), input_size=flow.get("input_size", 512),
+        output_size=flow.get("output_size", 80), spk_embed_dim=flow.get("spk_embed_dim", 192),
+        input_frame_rate=flow.get("input_frame_rate", 50), token_mel_ratio=flow.get("token_mel_ratio", 2),
+        pre_lookahead_len=flow.get("pre_lookahead_len", 3),
+        pre_lookahead_layer=construct(PreLookaheadLayer, layer, "flow.pre_lookahead_layer"),
+        decoder=build_cfm(_node(flow.get("decoder"), "flow.decoder")))
+
+
 FLOWS: dict[str, Callable[[dict], nn.Module]] = {
     "CausalMaskedDiffWithXvec": _build_causal_xvec,
     "MaskedDiffWithXvec": _build_xvec,
+    "CausalMaskedDiffWithDiT": _build_dit_flow,
 }
 
 
@@ -303,32 +284,5 @@ def load_flow(model_dir: str | Path, config: dict) -> nn.Module:
 
 
 def load_flow_weights(module: nn.Module, path: str | Path) -> nn.Module:
-    """Load upstream's flow.pt into `module` strictly: every key present, nothing extra, same shapes."""
-    path = Path(path)
-    if not path.is_file():
-        raise ModelLoadError(f"flow weights not found: {path}")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # a truncated or foreign file fails in many ways inside torch.load
-        raise ModelLoadError(f"cannot read {path}: {type(exc).__name__}: {exc}") from None
-    if not isinstance(state, dict):
-        raise ModelLoadError(f"{path} does not hold a state dict")
-    expected = module.state_dict()
-    missing = [k for k in expected if k not in state]
-    unexpected = [k for k in state if k not in expected]
-    if missing or unexpected:
-        def names(keys: list[str]) -> str:
-            return ", ".join(keys[:5]) + (f" (+{len(keys) - 5} more)" if len(keys) > 5 else "")
-        parts = []
-        if missing:
-            parts.append(f"{len(missing)} missing key(s): {names(missing)}")
-        if unexpected:
-            parts.append(f"{len(unexpected)} unexpected key(s): {names(unexpected)}")
-        raise ModelLoadError(f"{path} does not match the yaml's flow: " + "; ".join(parts))
-    for key, tensor in expected.items():
-        if tuple(state[key].shape) != tuple(tensor.shape):
-            raise ModelLoadError(f"{path}: {key} has shape {tuple(state[key].shape)}, "
-                                 f"the yaml's flow needs {tuple(tensor.shape)}")
-    assert len(state) == len(expected)
-    module.load_state_dict(state, strict=True)
-    return module
+    """Load upstream's flow.pt into `module` strictly: the same key names, every key present, same shapes."""
+    return load_checkpoint(module, path, target="the yaml's flow")

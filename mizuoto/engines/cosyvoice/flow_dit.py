@@ -1,7 +1,6 @@
 """CosyVoice 3's flow: speech tokens -> look-ahead conv -> repeat to mel rate -> DiT flow matching.
 
-Registers `CausalMaskedDiffWithDiT` and the `DiT` estimator in flow.py's tables, so
-`build_flow` builds every generation from its yaml.
+Built from the yaml by flow.py's builder tables, like the v1/v2 flows.
 """
 
 from __future__ import annotations
@@ -9,16 +8,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mizuoto.engines.cosyvoice.flow import (ESTIMATORS, FLOWS, N_TIMESTEPS, XvecFlow, _node, build_cfm,
-                                            construct)
+from mizuoto.engines.cosyvoice.flow_base import N_TIMESTEPS, XvecFlow
 from mizuoto.nn.flow.cfm import ConditionalCFM
-from mizuoto.nn.transformer.dit import DiT
-from mizuoto.nn.transformer.upsample import PreLookaheadLayer
-from mizuoto.errors import ModelLoadError
-from mizuoto.runtime.hyperyaml import Tagged
-
-# Estimator options that only matter for training or for decoding modes upstream never uses here.
-_DIT_UNUSED = ("dropout", "out_channels", "num_decoding_left_chunks")
 
 
 class CausalMaskedDiffWithDiT(XvecFlow):
@@ -51,26 +42,3 @@ class CausalMaskedDiffWithDiT(XvecFlow):
         feat = self.decoder(mu=h.transpose(1, 2).contiguous(), mask=mask, spks=spks, cond=conds,
                             n_timesteps=N_TIMESTEPS, streaming=streaming)
         return feat[:, :, mel_len1:].float()
-
-
-def _dit(node: Tagged) -> nn.Module:
-    kwargs = {k: v for k, v in node.kwargs.items() if k not in _DIT_UNUSED}
-    return construct(DiT, Tagged(node.kind, node.target, kwargs), "flow.decoder.estimator")
-
-
-def _build_dit_flow(config: dict) -> nn.Module:
-    flow = config["flow"]
-    layer = _node(flow.get("pre_lookahead_layer"), "flow.pre_lookahead_layer")
-    if layer.cls != "PreLookaheadLayer":
-        raise ModelLoadError(f"yaml: flow.pre_lookahead_layer class {layer.cls} is not supported")
-    return CausalMaskedDiffWithDiT(
-        vocab_size=flow.get("vocab_size", 4096), input_size=flow.get("input_size", 512),
-        output_size=flow.get("output_size", 80), spk_embed_dim=flow.get("spk_embed_dim", 192),
-        input_frame_rate=flow.get("input_frame_rate", 50), token_mel_ratio=flow.get("token_mel_ratio", 2),
-        pre_lookahead_len=flow.get("pre_lookahead_len", 3),
-        pre_lookahead_layer=construct(PreLookaheadLayer, layer, "flow.pre_lookahead_layer"),
-        decoder=build_cfm(_node(flow.get("decoder"), "flow.decoder")))
-
-
-ESTIMATORS["DiT"] = _dit
-FLOWS["CausalMaskedDiffWithDiT"] = _build_dit_flow

@@ -8,7 +8,6 @@ directory that lacks, say, the ONNX files still serves the modes that do not nee
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -103,24 +102,24 @@ class CosyVoiceFrontend:
     def speech_tokenizer(self):
         """The S3 speech tokenizer of this generation, built from its ONNX file."""
         def make():
-            from mizuoto.nn.codecs import S3Tokenizer
+            from mizuoto.runtime.convert.s3tokenizer import load_s3tokenizer
 
             path = self.model_dir / self.variant.speech_tokenizer
             if not path.is_file():
                 raise ModelLoadError(f"{path} is missing: voice prompts from audio need it")
-            return S3Tokenizer.from_onnx(path, self.progress).to(self.device).eval()
+            return load_s3tokenizer(path, self.progress).to(self.device).eval()
         return self._part("speech_tokenizer", make)
 
     @property
     def campplus(self):
         """CAM++ speaker encoder; always on the CPU, as upstream's onnxruntime CPU session."""
         def make():
-            from mizuoto.nn.speaker import CAMPPlus
+            from mizuoto.runtime.convert.campplus import load_campplus
 
             path = self.model_dir / CAMPPLUS
             if not path.is_file():
                 raise ModelLoadError(f"{path} is missing: voice prompts from audio need it")
-            return CAMPPlus.from_onnx(path, self.progress).eval()
+            return load_campplus(path, self.progress).eval()
         return self._part("campplus", make)
 
     # -- text ----------------------------------------------------------------------------------

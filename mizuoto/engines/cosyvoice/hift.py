@@ -22,6 +22,7 @@ from mizuoto.nn.vocoders.hift import CausalHiFTGenerator, HiFTGenerator
 from mizuoto.nn.vocoders.layers import fold_weight_norm
 from mizuoto.nn.vocoders.source import FixedSourceNoise
 from mizuoto.errors import ModelLoadError
+from mizuoto.runtime.convert.checkpoint import DictSource, Fold, Src, match_state_dict, read_checkpoint
 from mizuoto.runtime.hyperyaml import Tagged
 
 _GENERATORS = {"HiFTGenerator": HiFTGenerator, "CausalHiFTGenerator": CausalHiFTGenerator}
@@ -77,9 +78,17 @@ def _fold_target(model: nn.Module, name: str, device: torch.device) -> tuple[tor
     return device, weight.dtype
 
 
-def _limited(names: list[str], limit: int = 8) -> str:
-    shown = ", ".join(names[:limit])
-    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+def _weight_norm_fold(model: nn.Module, name: str, shape: torch.Size, device: torch.device, where: str):
+    """The Fold function of weight-normed layer `name`: g and v checked, folded where it will run."""
+    g_shape = (shape[0],) + (1,) * (len(shape) - 1)
+    target_device, dtype = _fold_target(model, name, device)
+
+    def fold(g: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if tuple(v.shape) != tuple(shape) or tuple(g.shape) != g_shape:
+            raise ModelLoadError(f"{where}: {name} weight norm has g {tuple(g.shape)} / v {tuple(v.shape)}, "
+                                 f"the yaml's sizes need g {g_shape} / v {tuple(shape)}")
+        return fold_weight_norm(g.to(target_device), v.to(target_device), dtype)
+    return fold
 
 
 def convert_state_dict(state: dict[str, torch.Tensor], model: nn.Module, where: str,
@@ -87,58 +96,20 @@ def convert_state_dict(state: dict[str, torch.Tensor], model: nn.Module, where: 
     """Upstream hift.pt keys -> this model's keys, weight norm folded; strict, with named errors."""
     device = torch.device(device)
     state = {k[len(_PREFIX):] if k.startswith(_PREFIX) else k: v for k, v in state.items()}
-    expected = model.state_dict()
-    out: dict[str, torch.Tensor] = {}
-    missing: list[str] = []
+    shapes = {k: v.shape for k, v in model.state_dict().items()}
+    key_map: dict[str, Src | Fold] = {k: Src(k) for k in shapes}
     for name in model.weight_normed():
-        shape = expected[f"{name}.weight"].shape
-        for g_key, v_key in ((name + _PARAM_G, name + _PARAM_V), (name + _LEGACY_G, name + _LEGACY_V)):
-            if g_key in state and v_key in state:
-                g, v = state.pop(g_key), state.pop(v_key)
-                g_shape = (shape[0],) + (1,) * (len(shape) - 1)
-                if tuple(v.shape) != tuple(shape) or tuple(g.shape) != g_shape:
-                    raise ModelLoadError(f"{where}: {name} weight norm has g {tuple(g.shape)} / v {tuple(v.shape)}, "
-                                         f"the yaml's sizes need g {g_shape} / v {tuple(shape)}")
-                target_device, dtype = _fold_target(model, name, device)
-                out[f"{name}.weight"] = fold_weight_norm(g.to(target_device), v.to(target_device), dtype)
-                break
-        else:
-            missing += [name + _PARAM_G, name + _PARAM_V]
-    for key, tensor in expected.items():
-        if key in out:
-            continue
-        if key not in state:
-            missing.append(key)
-            continue
-        value = state.pop(key)
-        if value.shape != tensor.shape:
-            raise ModelLoadError(f"{where}: {key} has shape {tuple(value.shape)}, "
-                                 f"the yaml's sizes need {tuple(tensor.shape)}")
-        out[key] = value
-    unexpected = sorted(state)
-    if missing or unexpected:
-        parts = []
-        if missing:
-            parts.append(f"missing keys: {_limited(missing)}")
-        if unexpected:
-            parts.append(f"unexpected keys: {_limited(unexpected)}")
-        raise ModelLoadError(f"{where} does not match the yaml's hift ({'; '.join(parts)})")
-    assert len(out) == len(expected), (len(out), len(expected))
-    return out
+        styles = ((name + _PARAM_G, name + _PARAM_V), (name + _LEGACY_G, name + _LEGACY_V))
+        g, v = next((pair for pair in styles if all(k in state for k in pair)), styles[0])
+        key_map[f"{name}.weight"] = Fold((g, v), _weight_norm_fold(model, name, shapes[f"{name}.weight"], device,
+                                                                   where), "weight norm")
+    return match_state_dict(DictSource(state), key_map, shapes, where=where, target="the yaml's hift")
 
 
 def load_hift(path: str | Path, config: dict, noise: FixedSourceNoise | None = None,
               device: torch.device | str = "cpu") -> nn.Module:
     """Build HiFT from the yaml, load upstream's hift.pt strictly, place it on `device`, eval mode."""
-    path = Path(path)
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise ModelLoadError(f"{path} is missing") from None
-    except Exception as exc:  # a truncated or foreign file: torch raises several kinds
-        raise ModelLoadError(f"{path} is not a readable torch checkpoint ({type(exc).__name__}: {exc})") from None
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise ModelLoadError(f"{path} is not a state_dict of tensors")
+    state = read_checkpoint(path)
     model = build_hift(config, noise)
     model.load_state_dict(convert_state_dict(state, model, str(path), device), strict=True)
     model.eval()

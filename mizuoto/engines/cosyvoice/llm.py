@@ -19,6 +19,7 @@ from torch import nn
 from mizuoto.engines.cosyvoice.sampling import Sampler
 from mizuoto.nn.transformer.wenet import ConformerEncoder, TransformerEncoder
 from mizuoto.errors import InvalidRequest, MizuotoError, ModelLoadError
+from mizuoto.runtime.convert.checkpoint import load_checkpoint, read_checkpoint
 from mizuoto.runtime.decode import DecodeSteps
 from mizuoto.nn.lm.qwen import QwenConfig, QwenDecoder
 
@@ -90,7 +91,9 @@ class QwenSpeechLM(nn.Module):
 
     @staticmethod
     def upstream_key(name: str) -> str:
-        """The llm.pt key of one of our parameter names."""
+        """The llm.pt key of one of our parameter names (the decoder sits at `llm.model.model.`)."""
+        if name.startswith("llm.lm_head."):  # an untied head sits beside the decoder
+            return "llm.model." + name[len("llm."):]
         return "llm.model.model." + name[len("llm."):] if name.startswith("llm.") else name
 
     def _special(self, which: str) -> torch.Tensor:
@@ -386,45 +389,26 @@ def build_lm(llm_node, model_dir: str | Path) -> nn.Module:
     return QwenSpeechLM(variant, qwen, sampler=Sampler.from_yaml(sampling), mix_ratio=mix_ratio, **sizes)
 
 
+# Upstream stores Qwen2ForCausalLM under `llm.model`: its decoder at `llm.model.model.`, its head
+# at `llm.model.lm_head` (present in the file even when tied to embed_tokens, sharing storage).
+_QWEN_HEAD, _QWEN_EMBED = "llm.model.lm_head.weight", "llm.model.model.embed_tokens.weight"
+
+
 def load_lm_state(lm: nn.Module, path: str | Path) -> None:
-    """Load upstream's llm.pt (strict): every key mapped, counted and shape-checked."""
-    path = Path(path)
-    if not path.is_file():
-        raise ModelLoadError(f"{path} is missing")
-    try:
-        sd = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises many types for a truncated or foreign file
-        raise ModelLoadError(f"cannot read {path}: {exc}") from None
-    if not isinstance(sd, dict):
-        raise ModelLoadError(f"{path}: expected a state_dict, got {type(sd).__name__}")
-    sd = dict(sd)
-    head = sd.pop("llm.model.lm_head.weight", None) if isinstance(lm, QwenSpeechLM) else None
-    tied = isinstance(lm, QwenSpeechLM) and lm.llm.lm_head is None
-    if tied:
+    """Load upstream's llm.pt (strict): every key mapped by `upstream_key`, counted and shape-checked."""
+    state = read_checkpoint(path)
+    target = f"the yaml's {lm.variant} LM"
+    ignore: tuple[str, ...] = ()
+    if isinstance(lm, QwenSpeechLM) and lm.llm.lm_head is None:
+        head, embed = state.get(_QWEN_HEAD), state.get(_QWEN_EMBED)
         if head is None:
-            raise ModelLoadError(f"{path} does not fit {lm.variant}: missing keys: llm.model.lm_head.weight")
-        embed = sd.get("llm.model.model.embed_tokens.weight")
+            raise ModelLoadError(f"{path} does not match {target}: missing keys: {_QWEN_HEAD}")
         # torch.save keeps a tied head once; a checkpoint whose head differs is not this model
         if embed is not None and not (head.data_ptr() == embed.data_ptr() or torch.equal(head, embed)):
-            raise ModelLoadError(f"{path}: llm.model.lm_head.weight differs from the tied embed_tokens")
-    elif head is not None:
-        sd["llm.model.model.lm_head.weight"] = head
-    ours = lm.state_dict()
-    expected = {lm.upstream_key(k): k for k in ours}
-    missing = sorted(set(expected) - set(sd))
-    unexpected = sorted(set(sd) - set(expected))
-    if missing or unexpected:
-        def few(keys: list[str]) -> str:
-            return ", ".join(keys[:5]) + (f" (+{len(keys) - 5} more)" if len(keys) > 5 else "")
-        parts = ([f"missing keys: {few(missing)}"] if missing else []) + \
-                ([f"unexpected keys: {few(unexpected)}"] if unexpected else [])
-        raise ModelLoadError(f"{path} does not fit {lm.variant}: " + "; ".join(parts))
-    for up, name in expected.items():
-        if tuple(sd[up].shape) != tuple(ours[name].shape):
-            raise ModelLoadError(f"{path}: {up} has shape {tuple(sd[up].shape)}, "
-                                 f"expected {tuple(ours[name].shape)}")
-    assert len(expected) == len(ours) == len(sd)
-    lm.load_state_dict({name: sd[up] for up, name in expected.items()}, strict=True)
+            raise ModelLoadError(f"{path}: {_QWEN_HEAD} differs from the tied embed_tokens")
+        ignore = (_QWEN_HEAD,)
+    key_map = {name: lm.upstream_key(name) for name in lm.state_dict()}
+    load_checkpoint(lm, path, key_map, target=target, ignore=ignore, state=state)
 
 
 def load_lm(model_dir: str | Path, config: dict) -> nn.Module:

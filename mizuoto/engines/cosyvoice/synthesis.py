@@ -1,5 +1,10 @@
 """One CosyVoice request, from model input to audio chunks: upstream's `model.tts` without its LM thread.
 
+The Synthesizer calls the model's stage modules directly through one interface each: the LM's
+`generate` / `generate_bistream`, the flow's `token2mel` and the vocoder's `vocode` (each
+generation's class implements them), every call inside the model's `use(stage)` so the
+scheduler can place that stage first. Chunks stay on the stage's device between stages.
+
 Upstream runs the LM in a thread and polls its token list; the chunk boundaries depend only on
 the token sequence, so running the LM in the request's thread and cutting chunks as tokens
 arrive gives the same chunks. Draw order (seeding rule, see docs/engines/cosyvoice.md):
@@ -14,6 +19,7 @@ arrive gives the same chunks. Draw order (seeding rule, see docs/engines/cosyvoi
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -24,21 +30,27 @@ import torch.nn.functional as F
 
 from mizuoto.errors import InvalidRequest
 
-
-class LMStage(Protocol):
-    def __call__(self, text: Any, prompt_text: torch.Tensor, prompt_speech_token: torch.Tensor,
-                 embedding: torch.Tensor, generator: torch.Generator) -> Iterator[int]: ...
+StageGate = Callable[[str], contextlib.AbstractContextManager]
 
 
 class FlowStage(Protocol):
-    def __call__(self, token: torch.Tensor, prompt_token: torch.Tensor, prompt_feat: torch.Tensor,
-                 embedding: torch.Tensor, *, streaming: bool, finalize: bool, cache: Any,
-                 generator: torch.Generator) -> tuple[torch.Tensor, Any]: ...
+    """Speech tokens (+ voice prompt) -> mel; implemented by every CosyVoice flow class."""
+
+    output_size: int
+    input_frame_rate: int
+
+    def token2mel(self, token: torch.Tensor, prompt_token: torch.Tensor, prompt_feat: torch.Tensor,
+                  embedding: torch.Tensor, *, streaming: bool, finalize: bool, cache: Any,
+                  generator: torch.Generator | None) -> tuple[torch.Tensor, Any]:
+        """(mel (1, mels, frames) without the prompt's frames, the next call's cache)."""
 
 
-class HiftStage(Protocol):
-    def __call__(self, mel: torch.Tensor, *, cache_source: torch.Tensor | None, finalize: bool,
-                 generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]: ...
+class VocoderStage(Protocol):
+    """Mel -> audio; implemented by HiFTGenerator and CausalHiFTGenerator."""
+
+    def vocode(self, mel: torch.Tensor, *, cache_source: torch.Tensor | None, finalize: bool,
+               generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(speech (1, samples), source (1, 1, samples))."""
 
 
 @dataclass(frozen=True)
@@ -53,42 +65,45 @@ class StreamSchedule:
     mel_overlap_len: int = 0    # v1 only: mel crossfade between flow chunks
     mel_cache_len: int = 0      # v1/v2 vocoder cache, in mel frames
     source_cache_len: int = 0   # v1/v2 vocoder cache, in samples
-    token_mel_ratio: int = 1
-    pre_lookahead_len: int = 0
+    token_mel_ratio: int = 1    # v2/v3: mel frames per token (the flow's own)
+    pre_lookahead_len: int = 0  # v2/v3: look-ahead tokens of a streamed chunk (the flow's own)
 
 
-def schedule_for(version: int, input_frame_rate: int, token_mel_ratio: int, pre_lookahead_len: int,
-                 sample_rate: int) -> StreamSchedule:
-    """The streaming constants upstream derives from the flow's rates for `version`."""
+def schedule_for(version: int, flow: FlowStage, sample_rate: int) -> StreamSchedule:
+    """The streaming constants upstream derives for `version` from the built flow's rates."""
     if version == 1:
         overlap = 20
         # upstream writes 22050 / 256 here whatever the model's rate (CosyVoiceModel.__init__)
-        mel_overlap = int(overlap / input_frame_rate * 22050 / 256)
-        return StreamSchedule(1, 2 * input_frame_rate, 4 * input_frame_rate, 1, overlap, mel_overlap,
-                              20, 20 * 256, 1, 0)
+        mel_overlap = int(overlap / flow.input_frame_rate * 22050 / 256)
+        return StreamSchedule(1, 2 * flow.input_frame_rate, 4 * flow.input_frame_rate, 1, overlap, mel_overlap,
+                              20, 20 * 256)
     hop_len = sample_rate // 50  # mel hop: 480 at 24 kHz
-    return StreamSchedule(version, 25, 100, 2, 0, 0, 8, 8 * hop_len, token_mel_ratio, pre_lookahead_len)
+    return StreamSchedule(version, 25, 100, 2, 0, 0, 8, 8 * hop_len, flow.token_mel_ratio, flow.pre_lookahead_len)
 
 
 def fade_in_out(fade_in: torch.Tensor, fade_out: torch.Tensor, window: np.ndarray) -> torch.Tensor:
     """Crossfade as upstream: the numpy (float64) window promotes the product, then it is stored as float32."""
     n = window.shape[0] // 2
     out = fade_in.clone()
-    win = torch.from_numpy(window)
+    win = torch.from_numpy(window).to(fade_in.device)
     mixed = fade_in[..., :n].double() * win[:n] + fade_out[..., -n:].double() * win[n:]
     out[..., :n] = mixed.to(out.dtype)
     return out
 
 
 class Synthesizer:
-    """Runs upstream's token2wav schedule for one generation over the LM, flow and vocoder stages."""
+    """Runs upstream's token2wav schedule for one generation over the model's LM, flow and vocoder."""
 
-    def __init__(self, schedule: StreamSchedule, lm: LMStage | None, flow: FlowStage, hift: HiftStage,
+    def __init__(self, schedule: StreamSchedule, *, lm: Any | None, flow: FlowStage, hift: VocoderStage,
+                 use: StageGate, precision: str = "fp32", lm_options: dict[str, Any] | None = None,
                  token_filter: Callable[[Iterable[int]], Iterator[int]] | None = None,
-                 on_tokens: Callable[[list[int]], None] | None = None, mel_bins: int = 80):
+                 on_tokens: Callable[[list[int]], None] | None = None):
         self.schedule = schedule
         self.lm, self.flow, self.hift = lm, flow, hift
-        self.mel_bins = mel_bins
+        self.use = use  # the model's stage gate: `with use("flow") as device:`
+        self.precision = precision
+        self.lm_options = dict(lm_options or {})  # generate()'s cache, CUDA-graph and length options
+        self.mel_bins = flow.output_size
         self.token_filter = token_filter  # v3 drops long silence runs before the flow
         self.on_tokens = on_tokens  # observer for tests and benchmarks: the final token list
         s = schedule
@@ -102,17 +117,59 @@ class Synthesizer:
                 "prompt_speech_feat": torch.zeros(1, 0, self.mel_bins), "llm_embedding": torch.zeros(0, 192),
                 "flow_embedding": torch.zeros(0, 192), "source_speech_token": no_tokens}
 
-    # -- token source -------------------------------------------------------------------------
-    def _tokens(self, inputs: dict[str, Any], generator: torch.Generator) -> Iterator[int]:
+    def _autocast(self, device: torch.device) -> contextlib.AbstractContextManager:
+        """Upstream's fp16: `torch.cuda.amp.autocast(fp16)` around the LM and the flow (CUDA only)."""
+        return torch.autocast("cuda", dtype=torch.float16,
+                              enabled=self.precision == "fp16" and torch.device(device).type == "cuda")
+
+    # -- the three stages ---------------------------------------------------------------------
+    def lm_tokens(self, inputs: dict[str, Any], generator: torch.Generator) -> Iterator[int]:
+        """The LM's raw speech tokens for one model input, one `use("llm")` per token."""
+        if self.lm is None:
+            raise InvalidRequest("this model has no LM stage; only voice conversion is possible")
+        text, prompt_text, prompt_speech = inputs["text"], inputs["prompt_text"], inputs["llm_prompt_speech_token"]
+        if isinstance(text, torch.Tensor):
+            tokens = self.lm.generate(text, prompt_text, prompt_speech, generator=generator,
+                                      embedding=inputs["llm_embedding"], **self.lm_options)
+        else:
+            # streamed text has no length bound for a static cache: eager steps (on CUDA still the
+            # on-device sampler)
+            tokens = self.lm.generate_bistream(text, prompt_text, prompt_speech, generator=generator)
+        while True:
+            # per token: in a streaming request the flow and vocoder run between two tokens
+            with self.use("llm") as device, self._autocast(device):
+                token = next(tokens, None)
+            if token is None:
+                return
+            yield token
+
+    def speech_tokens(self, inputs: dict[str, Any], generator: torch.Generator) -> Iterator[int]:
+        """The tokens the flow speaks: the source's (voice conversion) or the LM's, filtered (v3)."""
         source = inputs["source_speech_token"]
         if source.shape[1] > 0:
             yield from (int(t) for t in source.flatten().tolist())
             return
-        if self.lm is None:
-            raise InvalidRequest("this model has no LM stage; only voice conversion is possible")
-        raw = self.lm(inputs["text"], inputs["prompt_text"], inputs["llm_prompt_speech_token"],
-                      inputs["llm_embedding"], generator)
+        raw = self.lm_tokens(inputs, generator)
         yield from self.token_filter(raw) if self.token_filter else raw
+
+    def mel(self, token: torch.Tensor, inputs: dict[str, Any], *, streaming: bool, finalize: bool, cache: Any,
+            generator: torch.Generator | None) -> tuple[torch.Tensor, Any]:
+        """The flow on `token` (1, N) with the input's voice prompt; the mel stays on the flow's device."""
+        with self.use("flow") as device, self._autocast(device):
+            args = [t.to(device) for t in (token, inputs["flow_prompt_speech_token"], inputs["prompt_speech_feat"],
+                                           inputs["flow_embedding"])]
+            mel, cache = self.flow.token2mel(*args, streaming=streaming, finalize=finalize, cache=cache,
+                                             generator=generator)
+        return mel.float(), cache
+
+    def speech(self, mel: torch.Tensor, *, cache_source: torch.Tensor | None, finalize: bool,
+               generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The vocoder on `mel`; speech and source stay on the vocoder's device."""
+        with self.use("hift") as device:
+            if cache_source is not None:
+                cache_source = cache_source.to(device)
+            return self.hift.vocode(mel.to(device), cache_source=cache_source, finalize=finalize,
+                                    generator=generator)
 
     # -- request ------------------------------------------------------------------------------
     def run(self, inputs: dict[str, Any], *, stream: bool, speed: float, lm_gen: torch.Generator,
@@ -125,9 +182,7 @@ class Synthesizer:
                    voc_gen: torch.Generator) -> Iterator[tuple[torch.Tensor, bool]]:
         """As run, each chunk paired with whether it is this input's last (known without waiting for more)."""
         inputs = {**self._empty_inputs(), **inputs}
-        if stream and speed != 1.0:
-            raise InvalidRequest("speed can only be changed without streaming (as upstream)")
-        tokens = self._tokens(inputs, lm_gen)
+        tokens = self.speech_tokens(inputs, lm_gen)
         if not stream:
             all_tokens = list(tokens)
             if self.on_tokens:
@@ -182,9 +237,8 @@ class Synthesizer:
             # upstream's vocoder then fails on an empty mel: this segment simply has no audio.
             return torch.zeros(1, 0)
         token = torch.tensor([tokens], dtype=torch.int32)
-        mel, state.flow_cache = self.flow(token, inputs["flow_prompt_speech_token"], inputs["prompt_speech_feat"],
-                                          inputs["flow_embedding"], streaming=streaming, finalize=finalize,
-                                          cache=state.flow_cache, generator=gen)
+        mel, state.flow_cache = self.mel(token, inputs, streaming=streaming, finalize=finalize,
+                                         cache=state.flow_cache, generator=gen)
         if s.version == 3:
             return self._vocode_v3(mel[:, :, offset * s.token_mel_ratio:], state, gen, finalize, speed)
         if s.version == 2:
@@ -200,12 +254,12 @@ class Synthesizer:
             mel = torch.cat([state.hift_cache["mel"], mel], dim=2)
             cache_source = state.hift_cache["source"]
         else:
-            cache_source = torch.zeros(1, 1, 0)
+            cache_source = torch.zeros(1, 1, 0, device=mel.device)
         if not finalize:
             if s.version == 1:
                 state.mel_overlap = mel[:, :, -s.mel_overlap_len:]
                 mel = mel[:, :, :-s.mel_overlap_len]
-            speech, source = self.hift(mel, cache_source=cache_source, finalize=False, generator=gen)
+            speech, source = self.speech(mel, cache_source=cache_source, finalize=False, generator=gen)
             if state.hift_cache is not None:
                 speech = fade_in_out(speech, state.hift_cache["speech"], self.speech_window)
             state.hift_cache = {"mel": mel[:, :, -s.mel_cache_len:], "source": source[:, :, -s.source_cache_len:],
@@ -213,7 +267,7 @@ class Synthesizer:
             return speech[:, :-s.source_cache_len]
         if speed != 1.0:
             mel = F.interpolate(mel, size=int(mel.shape[2] / speed), mode="linear")
-        speech, _ = self.hift(mel, cache_source=cache_source, finalize=True, generator=gen)
+        speech, _ = self.speech(mel, cache_source=cache_source, finalize=True, generator=gen)
         if state.hift_cache is not None:
             speech = fade_in_out(speech, state.hift_cache["speech"], self.speech_window)
         return speech
@@ -226,7 +280,7 @@ class Synthesizer:
         state.mel_so_far = mel
         if speed != 1.0:
             mel = F.interpolate(mel, size=int(mel.shape[2] / speed), mode="linear")
-        speech, _ = self.hift(mel, cache_source=None, finalize=finalize, generator=gen)
+        speech, _ = self.speech(mel, cache_source=None, finalize=finalize, generator=gen)
         speech = speech[:, state.speech_offset:]
         state.speech_offset += speech.shape[1]
         return speech

@@ -10,7 +10,6 @@ graphs, so tokens equal onnxruntime's except on frames that sit on a decision bo
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -123,13 +122,6 @@ class S3Tokenizer(nn.Module):
                                  persistent=False)
         self.codebook_size = codebook_size if quantizer == "vq" else fsq_levels ** fsq_dim
         self.max_frames = MAX_SECONDS * FRAMES_PER_SECOND
-
-    @classmethod
-    def from_onnx(cls, path: str | Path, progress=None) -> "S3Tokenizer":
-        """Build from a speech_tokenizer_v*.onnx file (converted once, then cached)."""
-        from mizuoto.runtime.convert.s3tokenizer import load_s3tokenizer
-
-        return load_s3tokenizer(path, progress)
 
     def _out_len(self, lengths: torch.Tensor, stride: int) -> torch.Tensor:
         return (lengths + 2 * self.conv_padding - self.conv_kernel) // stride + 1

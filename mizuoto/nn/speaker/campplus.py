@@ -12,7 +12,6 @@ embedding by ~2.4e-4, so it is a fixed module: it always runs on the CPU (`fixed
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -164,13 +163,6 @@ class CAMPPlus(nn.Module):
         xvector.dense.nonlinear.batchnorm = BatchNorm(embedding_size, eps)
         self.xvector = xvector
         self.out_batchnorm = out_batchnorm
-
-    @classmethod
-    def from_onnx(cls, path: str | Path, progress=None) -> "CAMPPlus":
-        """Build from a campplus.onnx file (converted once, then cached)."""
-        from mizuoto.runtime.convert.campplus import load_campplus
-
-        return load_campplus(path, progress)
 
     @property
     def device(self) -> torch.device:

@@ -160,6 +160,11 @@ class HiFTGenerator(_HiFTBase):
             s[:, :, :cache_source.shape[2]] = cache_source
         return self.decode(speech_feat, s), s
 
+    def vocode(self, mel: torch.Tensor, *, cache_source: torch.Tensor | None, finalize: bool,
+               generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The vocoder stage interface: every call draws fresh source noise; `finalize` changes nothing."""
+        return self.inference(mel, cache_source, generator=generator)
+
 
 class CausalHiFTGenerator(_HiFTBase):
     """CosyVoice 3 HiFT: causal convs, fixed construction-time noise, float64 F0 predictor."""
@@ -239,3 +244,8 @@ class CausalHiFTGenerator(_HiFTBase):
         if not finalize:
             speech_feat = speech_feat[:, :, :-self.f0_predictor.lookahead]
         return self.decode(speech_feat, s, finalize), s
+
+    def vocode(self, mel: torch.Tensor, *, cache_source: torch.Tensor | None, finalize: bool,
+               generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The vocoder stage interface: fixed noise, so no cache and no draws; streaming re-runs all mel."""
+        return self.inference(mel, finalize=finalize)

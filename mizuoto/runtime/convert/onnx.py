@@ -2,7 +2,7 @@
 
 A block reads an `OnnxGraph` (initializers, Constant-node tensors, Identity aliases and nodes),
 derives its sizes from it and names, for every key of its state_dict, the graph tensor that
-fills it (`Src`). `extract_state_dict` checks the map; `load_converted` caches the result at
+fills it (`Src`). `extract_state_dict` checks the map (checkpoint.py's matcher, shared with `.pt` files); `load_converted` caches the result at
 `<model>/.mizuoto/converted-<key>.safetensors` (the key hashes the ONNX bytes, the converter's
 version and the block's layout version), prefers `<name>.safetensors` beside the ONNX file, and
 rebuilds a cache file it cannot verify.
@@ -15,13 +15,13 @@ import json
 import logging
 import sys
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from mizuoto.files import atomic_path
+from mizuoto.runtime.convert.checkpoint import Src, match_state_dict
 from mizuoto.runtime.assets import model_cache_dir
 from mizuoto.errors import ModelLoadError
 
@@ -59,14 +59,6 @@ def stderr_progress(stage: str, done: int, total: int) -> None:
 _STAGE_WORDS = {"hash": "checking ONNX file", "parse": "reading ONNX file"}
 
 
-@dataclass(frozen=True)
-class Src:
-    """Where a state_dict entry comes from: a graph tensor, transposed when stored [in, out]."""
-
-    name: str
-    transpose: bool = False
-
-
 class OnnxGraph:
     """A read-only view of one ONNX model: its named tensors and its nodes."""
 
@@ -101,6 +93,10 @@ class OnnxGraph:
         while name in self._alias and seen < 64:
             name, seen = self._alias[name], seen + 1
         return name
+
+    def names(self) -> list[str]:
+        """The stored weights (initializers): each must be used by a key map or read as config."""
+        return list(self.initializers)
 
     def has_tensor(self, name: str) -> bool:
         """True when `name` is an initializer, a Constant output, or an alias of one."""
@@ -183,45 +179,12 @@ def load_graph(path: str | Path, progress: Progress | None = None) -> OnnxGraph:
 def extract_state_dict(graph: OnnxGraph, key_map: Mapping[str, Src | str],
                        shapes: Mapping[str, tuple[int, ...] | torch.Size],
                        read_as_config: Iterable[str] = ()) -> dict[str, torch.Tensor]:
-    """Fill every key of `shapes` from the graph tensor `key_map` names, asserting a one-to-one map.
+    """Fill every key of `shapes` from the graph tensor `key_map` names (checkpoint.match_state_dict's rules).
 
-    Every state_dict key must be mapped, every mapped graph name used once, every shape must
-    match (after the named transposes), and every initializer of the file must be consumed by
-    the map or listed in `read_as_config`; the first violation is a ModelLoadError.
+    Every initializer of the file must be consumed by the map or listed in `read_as_config`.
     """
-    where = graph.path
-    missing = [k for k in shapes if k not in key_map]
-    if missing:
-        raise ModelLoadError(f"{where}: no source for {missing[0]!r} ({len(missing)} keys unmapped)")
-    extra = [k for k in key_map if k not in shapes]
-    if extra:
-        raise ModelLoadError(f"{where}: key map names unknown key {extra[0]!r}")
-    used: dict[str, str] = {}
-    out: dict[str, torch.Tensor] = {}
-    for key, src in key_map.items():
-        src = Src(src) if isinstance(src, str) else src
-        if src.name in used:
-            raise ModelLoadError(f"{where}: tensor {src.name!r} mapped twice "
-                                 f"({used[src.name]!r} and {key!r})")
-        used[src.name] = key
-        if not graph.has_tensor(src.name):
-            raise ModelLoadError(f"{where}: tensor {src.name!r} for {key!r} not found")
-        value = graph.tensor(src.name)
-        if src.transpose:
-            if value.dim() != 2:
-                raise ModelLoadError(f"{where}: {src.name!r} for {key!r} is not a matrix "
-                                     f"(shape {tuple(value.shape)})")
-            value = value.t().contiguous()
-        if tuple(value.shape) != tuple(shapes[key]):
-            raise ModelLoadError(f"{where}: {src.name!r} for {key!r} has shape {tuple(value.shape)}, "
-                                 f"expected {tuple(shapes[key])}")
-        out[key] = value
-    consumed = {graph.root(name) for name in [*used, *read_as_config]}
-    unused = [name for name in graph.initializers if name not in consumed]
-    if unused:
-        raise ModelLoadError(f"{where}: initializer {unused[0]!r} is not used by the key map "
-                             f"({len(unused)} unused)")
-    return out
+    return match_state_dict(graph, key_map, shapes, where=graph.path, target="the block's layout",
+                            ignore=read_as_config)
 
 
 def _hash_file(path: Path, progress: Progress) -> str:

@@ -9,13 +9,25 @@ from pathlib import Path
 
 from mizuoto.runtime.hookspecs import EngineRef, hookimpl
 
-__all__ = ["default_voice_dir", "mizuoto_engines"]
+__all__ = ["default_voice_dir", "mizuoto_engines", "mizuoto_example_models"]
 
 
 @hookimpl
 def mizuoto_engines() -> list:
-    """The Piper engine, imported on first use."""
-    return [EngineRef("piper", "mizuoto_piper.engine", "PiperEngine")]
+    """The Piper engine, imported on first use, and only for directories holding a voice config."""
+    try:
+        return [EngineRef("piper", "mizuoto_piper.engine", "PiperEngine", patterns=("*.onnx.json",))]
+    except TypeError:  # a mizuoto before EngineRef's cheap detector: asked about every directory
+        return [EngineRef("piper", "mizuoto_piper.engine", "PiperEngine")]
+
+
+@hookimpl
+def mizuoto_example_models() -> list:
+    """The default voice's folder, when its pinned package is installed."""
+    try:
+        return [default_voice_dir()]
+    except ImportError:
+        return []
 
 
 def default_voice_dir() -> Path:

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mizuoto.engines.cosyvoice.bench import BLANK_EN, CosyVoiceBench, build_random_cosyvoice2
+from mizuoto.engines.cosyvoice.bench import BLANK_EN, build_random_cosyvoice2
+from mizuoto.engines.cosyvoice.engine import CosyVoiceEngine
 from mizuoto.engines.cosyvoice.variants import find_variant
 from mizuoto.cli import main as cli
 from mizuoto.runtime.bench import BenchSettings
@@ -54,16 +55,53 @@ def test_driver_generates_exactly_the_token_count(tmp_path, model_dir):
     """Stop ids are suppressed: a run has exactly `tokens` speech tokens, whatever the weights."""
     dest = assemble_model_dir(model_dir, tmp_path / "model")
     options = parse_options({"device": "cpu", "compute.kv_cache": "static", "compute.cuda_graphs": True}).resolved()
-    driver = CosyVoiceBench(dest, options, BenchSettings(tokens=40, runs=1, warmup=0))
+    driver = CosyVoiceEngine().bench_driver(dest, None, options, BenchSettings(tokens=40, runs=1, warmup=0), tmp_path)
     for n in (1, 17, 40):
         tokens = driver.lm(n)
-        assert len(tokens) == n and all(0 <= t < driver.llm.speech_token_size for t in tokens)
+        assert len(tokens) == n and all(0 <= t < driver.model.llm.speech_token_size for t in tokens)
     assert driver.lm(17) == driver.lm(17)  # the same request every run
     mel = driver.flow(driver.lm(9))
-    assert mel.dtype == torch.float32 and mel.shape[1] == driver.flow_module.output_size
+    assert mel.dtype == torch.float32 and mel.shape[1] == driver.model.flow.output_size
     assert driver.vocoder(mel).shape[-1] > 0
     chunks = list(driver.stream(40))
     assert len(chunks) >= 2  # 40 tokens stream in more than one chunk
+
+
+@pytest.mark.parametrize("model_dir", QWEN_DIRS, ids=[p.parent.name for p in QWEN_DIRS])
+def test_the_bench_runs_the_functions_a_request_runs(tmp_path, model_dir, monkeypatch):
+    """Every timed stage goes through the loaded model's own modules: LM generate, flow token2mel, HiFT vocode."""
+    dest = assemble_model_dir(model_dir, tmp_path / "model")
+    options = parse_options({"device": "cpu"}).resolved()
+    driver = CosyVoiceEngine().bench_driver(dest, None, options, BenchSettings(tokens=8, runs=1, warmup=0), tmp_path)
+    model = driver.model
+    calls: list[str] = []
+
+    def spy(obj, method):
+        real = getattr(obj, method)
+
+        def wrapped(*args, **kwargs):
+            calls.append(f"{type(obj).__name__}.{method}")
+            return real(*args, **kwargs)
+        monkeypatch.setattr(obj, method, wrapped)
+
+    for obj, method in ((model.llm, "generate"), (model.flow, "token2mel"), (model.hift, "vocode")):
+        spy(obj, method)
+    seen_stages: list[str] = []
+    use = model.use
+
+    def traced_use(stage):
+        seen_stages.append(stage)
+        return use(stage)
+    monkeypatch.setattr(model, "use", traced_use)
+    # the synthesizer a request gets is the one the bench times
+    synth = driver.synthesizer(8)
+    assert synth.lm is model.llm and synth.flow is model.flow and synth.hift is model.hift
+    mel = driver.flow(driver.lm(8))
+    driver.vocoder(mel)
+    list(driver.stream(8))
+    names = {c.split(".")[1] for c in calls}
+    assert names == {"generate", "token2mel", "vocode"}, calls
+    assert {"llm", "flow", "hift"} <= set(seen_stages)
 
 
 def _assets_from_fixture(model_dir: Path, root: Path) -> Path:

@@ -42,7 +42,7 @@ class Recorder:
         self.raw_tokens: list[int] = []
         self.flow: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.hift: list[tuple[torch.Tensor, torch.Tensor]] = []
-        lm, flow, hift = synth.lm, synth.flow, synth.hift
+        lm, flow, hift = synth.lm_tokens, synth.mel, synth.speech
 
         def lm_rec(*args):
             for tok in lm(*args):
@@ -59,8 +59,8 @@ class Recorder:
             self.hift.append((mel.clone(), speech.clone()))
             return speech, source
 
-        synth.lm = lm_rec if lm is not None else None
-        synth.flow, synth.hift = flow_rec, hift_rec
+        # the Synthesizer's own stage calls, observed on this instance only
+        synth.lm_tokens, synth.mel, synth.speech = lm_rec, flow_rec, hift_rec
 
 
 def _run(model, case, stream: bool):

@@ -121,8 +121,10 @@ def _flow_args(case):
 
 def _flow(m, case) -> torch.Tensor:
     call = case.meta["flow_calls"][0]
-    mel, _ = m._flow_stage(*_flow_args(case), streaming=call["streaming"], finalize=call["finalize"], cache=None,
-                           generator=torch.Generator().manual_seed(case.seed))
+    token, prompt_token, prompt_feat, embedding = _flow_args(case)
+    inputs = {"flow_prompt_speech_token": prompt_token, "prompt_speech_feat": prompt_feat, "flow_embedding": embedding}
+    mel, _ = m.synthesizer().mel(token, inputs, streaming=call["streaming"], finalize=call["finalize"], cache=None,
+                                 generator=torch.Generator().manual_seed(case.seed))
     return mel
 
 

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 import mizuoto.runtime.convert.onnx as conv
-from mizuoto.nn.codecs.s3tokenizer import S3Tokenizer
+from mizuoto.runtime.convert.s3tokenizer import load_s3tokenizer
 from mizuoto.errors import InvalidRequest
 from mizuoto.testing.fixtures import fixture_path
 from mizuoto.testing.mkl_intel import require_intel_path
@@ -31,7 +31,7 @@ def models(tmp_path_factory):
     out = {}
     for version, name in _MODELS:
         shutil.copy(_FRONTEND / "models" / name, home / name)
-        out[version] = S3Tokenizer.from_onnx(home / name)
+        out[version] = load_s3tokenizer(home / name)
     return out
 
 
@@ -121,8 +121,8 @@ def test_the_second_load_reads_the_cache(tmp_path, monkeypatch):
     parses = []
     real = conv._parse_onnx
     monkeypatch.setattr(conv, "_parse_onnx", lambda p, progress: parses.append(p) or real(p, progress))
-    first = S3Tokenizer.from_onnx(tmp_path / name)
-    second = S3Tokenizer.from_onnx(tmp_path / name)
+    first = load_s3tokenizer(tmp_path / name)
+    second = load_s3tokenizer(tmp_path / name)
     assert len(parses) == 1
     a, b = first.state_dict(), second.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

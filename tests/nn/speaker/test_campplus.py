@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 import mizuoto.runtime.convert.onnx as conv
+from mizuoto.runtime.convert.campplus import load_campplus
 from mizuoto.nn.speaker.campplus import CAMPPlus
 from mizuoto.runtime.convert.campplus import node_scope
 from mizuoto.testing.fixtures import fixture_path
@@ -25,7 +26,7 @@ _ONNX = _FRONTEND / "models" / "campplus.onnx"  # the file name upstream model d
 def model(tmp_path_factory):
     home = tmp_path_factory.mktemp("campplus")
     shutil.copy(_ONNX, home / _ONNX.name)
-    return CAMPPlus.from_onnx(home / _ONNX.name)
+    return load_campplus(home / _ONNX.name)
 
 
 @pytest.mark.parametrize("clip", _CLIPS)
@@ -77,8 +78,8 @@ def test_the_second_load_reads_the_cache(tmp_path, monkeypatch):
     parses = []
     real = conv._parse_onnx
     monkeypatch.setattr(conv, "_parse_onnx", lambda p, progress: parses.append(p) or real(p, progress))
-    a = CAMPPlus.from_onnx(tmp_path / _ONNX.name).state_dict()
-    b = CAMPPlus.from_onnx(tmp_path / _ONNX.name).state_dict()
+    a = load_campplus(tmp_path / _ONNX.name).state_dict()
+    b = load_campplus(tmp_path / _ONNX.name).state_dict()
     assert len(parses) == 1 and all(torch.equal(a[k], b[k]) for k in a)
 
 

@@ -194,16 +194,16 @@ def test_the_key_map_is_asserted(model):
     c = g.tensor_inputs(g.node("/scale/Mul"))[0]
     good = {"lin.weight": conv.Src("onnx::MatMul_7", True), "lin.bias": conv.Src("lin.bias"), "scale": conv.Src(c)}
     _extract(g, good)
-    with pytest.raises(ModelLoadError, match="no source for 'scale'"):
+    with pytest.raises(ModelLoadError, match="no source for scale"):
         _extract(g, {k: v for k, v in good.items() if k != "scale"})
-    with pytest.raises(ModelLoadError, match="'onnx::MatMul_7' for 'lin.weight' has shape"):
+    with pytest.raises(ModelLoadError, match=r"onnx::MatMul_7 has shape \(\d+, \d+\), expected \(\d+, \d+\) for lin.weight"):
         _extract(g, {**good, "lin.weight": conv.Src("onnx::MatMul_7")})
     with pytest.raises(ModelLoadError, match="mapped twice"):
         _extract(g, {**good, "scale": conv.Src("lin.bias")})
-    with pytest.raises(ModelLoadError, match="initializer 'lin.bias' is not used"):
+    with pytest.raises(ModelLoadError, match="unexpected keys: lin.bias"):
         _extract(g, {"lin.weight": good["lin.weight"], "lin.bias": conv.Src(c)},
                  {"lin.weight": (4, 3), "lin.bias": (4,)})
-    with pytest.raises(ModelLoadError, match="'nope' for 'scale' not found"):
+    with pytest.raises(ModelLoadError, match="missing keys: nope"):
         _extract(g, {**good, "scale": conv.Src("nope")})
 
 

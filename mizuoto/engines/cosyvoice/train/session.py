@@ -114,7 +114,6 @@ def _tied_keys(sd: dict) -> dict[str, str]:
 
 def build_training_flow(config: dict) -> torch.nn.Module:
     """The yaml's flow with untrained weights and the dropout rates training uses."""
-    from mizuoto.engines.cosyvoice import flow_dit  # noqa: F401  (registers CosyVoice 3's DiT flow)
     from mizuoto.engines.cosyvoice.flow import build_flow
 
     flow = build_flow(config)

@@ -171,7 +171,7 @@ def test_dir_without_a_cosyvoice_yaml_is_one_line(capsys, tmp_path):
 
 
 def test_unknown_train_option_is_one_line(capsys, assembled, tmp_path):
-    argv = _train_args(assembled(RUN.parent), RUN.parent / "data", tmp_path / "out", "--option", "training.speed=on")
+    argv = _train_args(assembled(RUN.parent), RUN.parent / "data", tmp_path / "out", "--train-option", "training.speed=on")
     _one_line_error(capsys, argv, "training.speed")
     _untouched(tmp_path / "out")
 
@@ -222,3 +222,13 @@ def test_progress_is_a_bar_on_a_terminal_and_lines_otherwise():
     assert plain.getvalue().count("\n") == 4 and "\r" not in plain.getvalue()
     assert tty.getvalue().count("\r") == 3 and tty.getvalue().count("\n") == 2
     assert "lr 0.00001000" in tty.getvalue() and "loss 1.500000" in tty.getvalue()
+
+
+def test_train_option_memory_is_parsed():
+    from mizuoto.cli.main import build_parser
+
+    args = build_parser().parse_args(_train_args(Path("m"), Path("d"), Path("o"), "--train-option", "training.memory=on"))
+    from mizuoto.cli.train import _options
+
+    assert _options(args.train_option) == {"memory": True}
+    assert _options(["training.memory=off"]) == {"memory": False} and _options(None) == {}
