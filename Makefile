@@ -19,6 +19,7 @@ $(STAMP): pyproject.toml Makefile $(wildcard plugins/*/pyproject.toml)
 
 # The test-only plugins (a toy engine and a deliberately broken one) go into the venv only for tests.
 $(TEST_STAMP): $(STAMP) $(wildcard tests/plugins/*/pyproject.toml)
+	$(PIP) install -q -e '.[parquet]'
 	for p in tests/plugins/*/; do [ -f $$p/pyproject.toml ] && $(PIP) install -q -e $$p || exit 1; done
 	touch $(TEST_STAMP)
 

@@ -194,6 +194,13 @@ def _bench_setup(p: argparse.ArgumentParser) -> Callable:
     return configure(p)
 
 
+@command("train", "fine-tune a model dir on your recordings (features, llm, flow, export)")
+def _train_setup(p: argparse.ArgumentParser) -> Callable:
+    from mizuoto.cli.train import configure
+
+    return configure(p)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every registered subcommand."""
     debug = argparse.ArgumentParser(add_help=False)

@@ -110,14 +110,14 @@ class AdaLayerNormZeroFinal(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, dim: int, heads: int, dim_head: int):
+    def __init__(self, dim: int, heads: int, dim_head: int, dropout: float = 0.0):
         super().__init__()
         self.heads = heads
         inner = heads * dim_head
         self.to_q = nn.Linear(dim, inner)
         self.to_k = nn.Linear(dim, inner)
         self.to_v = nn.Linear(dim, inner)
-        self.to_out = nn.ModuleList([nn.Linear(inner, dim), nn.Dropout(0.0)])
+        self.to_out = nn.ModuleList([nn.Linear(inner, dim), nn.Dropout(dropout)])
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
         b = x.shape[0]
@@ -128,29 +128,29 @@ class Attention(nn.Module):
         q, k, v = (y.view(b, -1, self.heads, head_dim).transpose(1, 2) for y in (q, k, v))
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0, is_causal=False)
         out = out.transpose(1, 2).reshape(b, -1, self.heads * head_dim).to(q.dtype)
-        out = self.to_out[0](out)
+        out = self.to_out[1](self.to_out[0](out))  # the dropout acts in training only
         # mask is [b, 1, n, n]; its last query row marks the valid keys
         return out.masked_fill(~mask[:, 0, -1].unsqueeze(-1), 0.0)
 
 
 class FeedForward(nn.Module):
-    def __init__(self, dim: int, mult: float):
+    def __init__(self, dim: int, mult: float, dropout: float = 0.0):
         super().__init__()
         inner = int(dim * mult)
         self.ff = nn.Sequential(nn.Sequential(nn.Linear(dim, inner), nn.GELU(approximate="tanh")),
-                                nn.Dropout(0.0), nn.Linear(inner, dim))
+                                nn.Dropout(dropout), nn.Linear(inner, dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.ff(x)
 
 
 class DiTBlock(nn.Module):
-    def __init__(self, dim: int, heads: int, dim_head: int, ff_mult: float):
+    def __init__(self, dim: int, heads: int, dim_head: int, ff_mult: float, dropout: float = 0.0):
         super().__init__()
         self.attn_norm = AdaLayerNormZero(dim)
-        self.attn = Attention(dim, heads, dim_head)
+        self.attn = Attention(dim, heads, dim_head, dropout)
         self.ff_norm = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
-        self.ff = FeedForward(dim, ff_mult)
+        self.ff = FeedForward(dim, ff_mult, dropout)
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, mask: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
         norm, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.attn_norm(x, emb=t)
