@@ -15,10 +15,7 @@ __all__ = ["default_voice_dir", "mizuoto_engines", "mizuoto_example_models"]
 @hookimpl
 def mizuoto_engines() -> list:
     """The Piper engine, imported on first use, and only for directories holding a voice config."""
-    try:
-        return [EngineRef("piper", "mizuoto_piper.engine", "PiperEngine", patterns=("*.onnx.json",))]
-    except TypeError:  # a mizuoto before EngineRef's cheap detector: asked about every directory
-        return [EngineRef("piper", "mizuoto_piper.engine", "PiperEngine")]
+    return [EngineRef("piper", "mizuoto_piper.engine", "PiperEngine", patterns=("*.onnx.json",))]
 
 
 @hookimpl

@@ -96,20 +96,13 @@ class PiperModel(Model):
         self.onnx_bytes = onnx_path.stat().st_size
         self._inputs = {i.name for i in session.get_inputs()}
         self._noises = noises
-        self._stages = (
+        self.stages = (
             Stage("phonemes", "frontend", {}, memory=lambda request: PHONEMIZE_BYTES),
             Stage("vits", "frames", {}, memory=self._vits_memory),
         )
-        self._caps = Capabilities(modes=frozenset({"preset"}), sample_rate=config.sample_rate, stream_out=True,
+        self.capabilities = Capabilities(modes=frozenset({"preset"}), sample_rate=config.sample_rate, stream_out=True,
                                   stream_in=True, languages=(config.language,) if config.language else ())
 
-    @property
-    def stages(self) -> tuple[Stage, ...]:
-        return self._stages
-
-    @property
-    def capabilities(self) -> Capabilities:
-        return self._caps
 
     def voices(self) -> list[Voice]:
         if self.config.speakers:
