@@ -174,4 +174,5 @@ def test_the_readme_runs_as_written(tmp_path):
         assert info.frames > 0, name
     makes_test = [b for b in RUN_BLOCKS if re.search(r"^\s*make test\b", b.text, re.M)]
     recorded = make_log.read_text().splitlines() if make_log.exists() else []
-    assert len(recorded) == len(makes_test) and all(" -m pytest" in r for r in recorded)
+    # `make test` checks the browser (an apt install on a fresh machine), then runs the suite: once per block
+    assert sum(" -m pytest" in r for r in recorded) == len(makes_test), recorded

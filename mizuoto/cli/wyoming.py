@@ -102,11 +102,11 @@ def run_wyoming(args: argparse.Namespace) -> int:
     if args.seed is not None and args.seed < 0:
         raise InvalidRequest(f"--seed must be a non-negative integer, got {args.seed}")
     logging.basicConfig(level=str(args.log_level).upper(), format="mizuoto wyoming: %(message)s")
+    options = options_from_args(args)
+    options.resolved()  # an unavailable device fails here, in one line, not at the first load
     models = _models(args.model)
     if not models:
         raise InvalidRequest("give at least one model to serve: -m [NAME=]DIR")
-    options = options_from_args(args)
-    options.resolved()  # an unavailable device fails here, in one line, not at the first load
     config = ServerConfig(max_concurrent=args.max_concurrent, request_timeout=args.request_timeout or None,
                           max_input_chars=args.max_input_chars, load_options=options.as_dict())
     state = ServerState(Runtime(vram=args.vram, ram=args.ram), config, models)

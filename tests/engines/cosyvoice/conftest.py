@@ -75,8 +75,13 @@ def assembled(tmp_path_factory) -> dict[Path, Path]:
 
 @pytest.fixture(scope="session")
 def runtime(assembled):
-    """One Runtime holding every assembled model, by fixture model dir."""
-    rt = Runtime()
+    """One Runtime holding every assembled model, by fixture model dir.
+
+    Its host budget is fixed, not what happens to be free: the tests need the models loaded together
+    whatever else the machine runs, and their plans (the flow's planning bound is a 100-token
+    segment: about 2 GB of attention scores on these tiny models) are arithmetic.
+    """
+    rt = Runtime(ram="64GiB")
     names = {d: rt.load(path, name=f"cosyvoice-{d.parent.name}") for d, path in assembled.items()}
     yield rt, names
     rt.close()

@@ -107,7 +107,8 @@ def test_models_plan_shows_streaming_coresidency(capsys, runtime, assembled, var
     budget = str(floor(sizes, stream=False))
     assert main(["models", "--plan", "--device", "cpu", "--ram", budget, str(model)]) == 0
     out, _ = capsys.readouterr()
-    assert "non-streaming: turns" in out and re.search(r"^  flow .*turn flow$", out, re.M), out
+    # at the non-streaming floor the stages take turns (the largest one may stay resident)
+    assert "non-streaming: turns" in out and len(re.findall(r"^  \w+ .*turn \w+$", out, re.M)) >= 2, out
     assert main(["models", "--plan", "--device", "cpu", "--ram", budget, "--stream", str(model)]) == 1
     out, _ = capsys.readouterr()
     assert "refused:" in out and "streaming keeps llm+flow+hift together" in out, out
