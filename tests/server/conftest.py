@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import os
 import io
 import json
 import threading
@@ -82,6 +83,19 @@ def make_runtime(**budgets) -> Runtime:
         rt.registry.add(ToneEngine)
     rt.registry.add(SlowToneEngine)
     return rt
+
+
+FRESH = "MIZUOTO_FRESH_PROCESS"
+
+
+def pytest_collection_modifyitems(config, items):
+    """`fresh_process` tests run only in the fresh process their wrapper starts (deselected, not skipped, here)."""
+    if os.environ.get(FRESH):
+        return
+    fresh = [i for i in items if i.get_closest_marker("fresh_process")]
+    if fresh:
+        config.hook.pytest_deselected(items=fresh)
+        items[:] = [i for i in items if not i.get_closest_marker("fresh_process")]
 
 
 # The admin key of every test server (unless a test configures its own): model and voice

@@ -278,11 +278,6 @@ def build_flow(config: dict) -> nn.Module:
     return FLOWS[flow.cls](config).eval()
 
 
-def load_flow(model_dir: str | Path, config: dict) -> nn.Module:
-    """The flow of an upstream model directory: built from its parsed yaml, flow.pt loaded strictly."""
-    return load_flow_weights(build_flow(config), Path(model_dir) / "flow.pt")
-
-
 def load_flow_weights(module: nn.Module, path: str | Path) -> nn.Module:
     """Load upstream's flow.pt into `module` strictly: the same key names, every key present, same shapes."""
     return load_checkpoint(module, path, target="the yaml's flow")
