@@ -380,6 +380,10 @@ class Runtime:
             raise InvalidRequest(f"no cached voice {voice_id!r} on {where}")
         return removed
 
+    def identity(self, model: str) -> ModelIdentity | None:
+        """What a loaded model's stored voices are keyed by (None when its voices are not stored)."""
+        return self._get(model).identity
+
     def stored_voices(self) -> list[SavedVoice]:
         """Every voice in the store, for any model (loaded or not), oldest first."""
         return self.voice_store.voices() if self.voice_store is not None else []
