@@ -53,7 +53,7 @@ def _engines_setup(p: argparse.ArgumentParser) -> Callable:
 
 @command("models", "detect model directories and show their memory plans")
 def _models_setup(p: argparse.ArgumentParser) -> Callable:
-    p.add_argument("dirs", nargs="+", metavar="DIR")
+    p.add_argument("dirs", nargs="+", metavar="DIR", help="model directories or Hugging Face repo ids")
     p.add_argument("--plan", action="store_true", help="print each model's memory plan and what admission evicts")
     p.add_argument("--stream", action="store_true", help="plan for streaming requests")
     _budgets(p)
@@ -121,7 +121,7 @@ def _say_setup(p: argparse.ArgumentParser) -> Callable:
     from mizuoto.runtime.engine import MODES
 
     p.add_argument("text", nargs="?", help="text to speak ('-' reads stdin; omit for --mode vc)")
-    p.add_argument("-m", "--model", required=True, help="model directory")
+    p.add_argument("-m", "--model", required=True, help="model directory or Hugging Face repo id (org/name[@rev])")
     p.add_argument("-o", "--output", required=True, help="output wav path (written atomically)")
     voice = p.add_mutually_exclusive_group()
     voice.add_argument("--voice", help="preset (or cached) voice id")

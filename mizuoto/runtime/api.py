@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from mizuoto.runtime.engine import (AudioChunk, Capabilities, Model, SynthesisRequest, Voice, check_request)
+from mizuoto.runtime.hub import is_repo_id, resolve_model
 from mizuoto.runtime.voicestore import ModelIdentity, SavedVoice, VoiceStore, fingerprint
 from mizuoto.errors import InvalidRequest, MemoryBudgetError, MizuotoError, ModelLoadError, RequestTooLarge
 from mizuoto.runtime.memory import Eviction, Plan, Pool, detect_budget, measure, parse_bytes, plan_model
@@ -121,14 +122,19 @@ class Runtime:
         return self.registry.failures
 
     def detect(self, path: str | Path) -> list[tuple[str, str | None]]:
-        """(engine, variant) of every engine that recognises `path`."""
-        return self.registry.detect(Path(path))
+        """(engine, variant) of every engine that recognises `path` (a directory or a repo id)."""
+        return self.registry.detect(resolve_model(path))
 
     # ---- models --------------------------------------------------------------------------------
     def load(self, path: str | Path, engine: str | None = None, name: str | None = None, **options: Any) -> str:
-        """Load a model directory and return its name; the engine is detected unless given."""
+        """Load a model directory (or a Hugging Face repo id `org/name[@rev]`) and return its name.
+
+        The engine is detected unless given; a repo id is the default name of its model.
+        """
         opts = parse_options(**options).resolved()
-        path = Path(path)
+        if name is None and isinstance(path, str) and is_repo_id(path):
+            name = path.partition("@")[0]
+        path = resolve_model(path)
         if not path.is_dir():
             raise ModelLoadError(f"model directory not found: {path}")
         picked, checked = self.registry.detect_report(path, engine)
