@@ -179,6 +179,14 @@ def _serve_setup(p: argparse.ArgumentParser) -> Callable:
     return run_serve
 
 
+@command("ray-serve", "serve the HTTP API from Ray Serve replicas, models multiplexed per replica (needs mizuoto[ray])")
+def _ray_serve_setup(p: argparse.ArgumentParser) -> Callable:
+    from mizuoto.cli.ray_serve import add_ray_serve_arguments, run_ray_serve
+
+    add_ray_serve_arguments(p)
+    return run_ray_serve
+
+
 @command("wyoming", "run a Wyoming server for Home Assistant's voice pipeline (needs mizuoto[wyoming])")
 def _wyoming_setup(p: argparse.ArgumentParser) -> Callable:
     from mizuoto.cli.wyoming import add_wyoming_arguments, run_wyoming
