@@ -85,7 +85,8 @@ class Runtime:
 
     Budgets are sizes like "6GiB" or byte counts; None means what is free when a device is first used.
     `engines` adds Engine classes beside the plugins; `plugins=False` uses only those.
-    `voices` is where cached voices persist (default `$MIZUOTO_HOME/voices`, read now); False keeps them in memory.
+    `voices` is where cached voices persist (default `$MIZUOTO_VOICES` or `$MIZUOTO_HOME/voices`, read now);
+    False keeps them in memory.
     """
 
     def __init__(self, vram: str | int | None = None, ram: str | int | None = None, engines: tuple = (),
@@ -100,9 +101,9 @@ class Runtime:
         self._gone: dict[str, str] = {}  # model name -> why it was unloaded by the runtime
         self._lock = threading.RLock()
         if voices is None or voices is True:
-            from mizuoto.runtime.assets import home_dir
+            from mizuoto.runtime.assets import voices_dir
 
-            voices = home_dir() / "voices"
+            voices = voices_dir()
         self.voice_store = VoiceStore(voices) if voices is not False else None
 
     def __enter__(self) -> Runtime:

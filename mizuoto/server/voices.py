@@ -12,7 +12,7 @@ import email.parser
 import email.policy
 import re
 
-from mizuoto.errors import InvalidRequest
+from mizuoto.errors import InvalidRequest, MizuotoError
 from mizuoto.server.audio import decode_base64, decode_reference
 from mizuoto.server.errors import ApiError, from_exception
 from mizuoto.server.state import ServerState, StoredVoice
@@ -83,7 +83,8 @@ def register(state: ServerState, body: bytes, content_type: str) -> dict:
         _cache(state, model, voice_id, samples, rate, text)
         return {"id": voice_id, "object": "voice", "kind": "cached", "model": model, "sample_rate": rate,
                 "seconds": seconds, "stored": state.runtime.identity(model) is not None}
-    if voice_id in {v.id for v in state.runtime.stored_voices()}:
+    cached = {v.id for m in state.loaded() for v in state.runtime.voices(m)}
+    if voice_id in cached or voice_id in {v.id for v in state.runtime.stored_voices()}:
         raise ApiError(409, f"voice {voice_id!r} already exists (cached on a model); delete it first", "id")
     state.voices[voice_id] = StoredVoice(voice_id, samples, rate, text)
     return {"id": voice_id, "object": "voice", "kind": "uploaded", "sample_rate": rate, "seconds": seconds}
@@ -131,7 +132,10 @@ def listing(state: ServerState, model: str | None) -> list[dict]:
     stored = state.runtime.stored_voices()
     loaded_prints = set()
     for name in state.loaded():
-        ident = state.runtime.identity(name)
+        try:
+            ident = state.runtime.identity(name)
+        except MizuotoError:  # unloaded or evicted meanwhile
+            continue
         mine = {s.id for s in stored if ident is not None and s.model.fingerprint == ident.fingerprint}
         if ident is not None:
             loaded_prints.add(ident.fingerprint)
