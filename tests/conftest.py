@@ -29,7 +29,7 @@ def _own_voice_store(tmp_path_factory, monkeypatch):
     Voices persist by design; across tests they would leak (an id stored by one test would be
     restored into the next test's model of the same files).
     """
-    monkeypatch.setenv("MIZUOTO_VOICES", str(tmp_path_factory.mktemp("voices")))
+    monkeypatch.setenv("MIZUOTO_VOICE_STORE", str(tmp_path_factory.mktemp("voices")))
 
 
 @pytest.fixture

@@ -85,7 +85,7 @@ class Runtime:
 
     Budgets are sizes like "6GiB" or byte counts; None means what is free when a device is first used.
     `engines` adds Engine classes beside the plugins; `plugins=False` uses only those.
-    `voices` is where cached voices persist (default `$MIZUOTO_VOICES` or `$MIZUOTO_HOME/voices`, read now);
+    `voices` is where cached voices persist (default `$MIZUOTO_VOICE_STORE` or `$MIZUOTO_HOME/voices`, read now);
     False keeps them in memory.
     """
 

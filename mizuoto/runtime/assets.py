@@ -14,8 +14,8 @@ def home_dir() -> Path:
 
 
 def voices_dir() -> Path:
-    """Where cached voices persist: `$MIZUOTO_VOICES`, default `$MIZUOTO_HOME/voices`."""
-    given = os.environ.get("MIZUOTO_VOICES")
+    """Where cached voices persist: `$MIZUOTO_VOICE_STORE`, default `$MIZUOTO_HOME/voices`."""
+    given = os.environ.get("MIZUOTO_VOICE_STORE")
     return Path(given).expanduser() if given else home_dir() / "voices"
 
 

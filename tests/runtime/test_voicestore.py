@@ -99,7 +99,7 @@ def test_remove_and_replace(tmp_path):
 
 def test_memory_only_runtime_writes_nothing(tmp_path, monkeypatch):
     """voices=False keeps cached voices in memory; persist=False skips one voice."""
-    monkeypatch.delenv("MIZUOTO_VOICES", raising=False)
+    monkeypatch.delenv("MIZUOTO_VOICE_STORE", raising=False)
     monkeypatch.setenv("MIZUOTO_HOME", str(tmp_path / "home"))
     a = write_model(tmp_path / "a")
     with Runtime(engines=(ToneEngine,), plugins=False, voices=False) as rt:
@@ -140,9 +140,9 @@ def test_shared_tensors_are_stored(tmp_path):
 
 
 def test_voices_env_names_the_store(tmp_path, monkeypatch):
-    """$MIZUOTO_VOICES (e.g. a folder shared by replicas) overrides $MIZUOTO_HOME/voices."""
+    """$MIZUOTO_VOICE_STORE (e.g. a folder shared by replicas) overrides $MIZUOTO_HOME/voices."""
     monkeypatch.setenv("MIZUOTO_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("MIZUOTO_VOICES", str(tmp_path / "shared"))
+    monkeypatch.setenv("MIZUOTO_VOICE_STORE", str(tmp_path / "shared"))
     with _runtime(None) as rt:
         rt.add_voice(rt.load(write_model(tmp_path / "a")), "v", _ref())
     assert len(list((tmp_path / "shared").rglob("voice.json"))) == 1 and not (tmp_path / "home").exists()

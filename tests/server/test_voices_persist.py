@@ -12,7 +12,7 @@ from mizuoto.testing.toy import ToneModel
 @pytest.fixture
 def home(tmp_path, monkeypatch):
     """A private $MIZUOTO_HOME for the servers of one test (read when each Runtime is made): voices in its voices/."""
-    monkeypatch.delenv("MIZUOTO_VOICES", raising=False)
+    monkeypatch.delenv("MIZUOTO_VOICE_STORE", raising=False)
     monkeypatch.setenv("MIZUOTO_HOME", str(tmp_path / "home"))
     return tmp_path / "home"
 
