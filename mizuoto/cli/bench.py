@@ -72,7 +72,8 @@ def find_factory(model_dir: Path | None, random: str | None) -> Callable[..., Be
 def configure(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     """Add the bench arguments to `p`; return the runner."""
     p.add_argument("model_dir", nargs="?", help="model directory (or use --random)")
-    p.add_argument("-m", "--model", dest="model_opt", metavar="DIR", help="model directory or Hugging Face repo id (same as MODEL_DIR)")
+    p.add_argument("-m", "--model", dest="model_opt", metavar="DIR",
+                   help="model directory or Hugging Face repo id (same as MODEL_DIR)")
     p.add_argument("--random", metavar="KIND", help="build a full-size model with random weights, e.g. cosyvoice2")
     p.add_argument("--driver", metavar="FILE.py:NAME", help="bench driver factory to use instead of the engine's")
     p.add_argument("--workdir", help="where --random writes its model directory (default: a temporary one;"

@@ -28,7 +28,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=int(_env("PORT", 8000)), help="port [MIZUOTO_PORT]")
     models = [m for m in str(_env("MODELS", "")).split(os.pathsep) if m]
     p.add_argument("-m", "--model", action="append", default=models, metavar="[NAME=]DIR|ORG/NAME",
-                   help="model directory or Hugging Face repo id to serve, loaded at start (repeatable) [MIZUOTO_MODELS, ':'-separated]")
+                   help="model directory or Hugging Face repo id to serve, loaded at start (repeatable)"
+                        " [MIZUOTO_MODELS, ':'-separated]")
     roots = [m for m in str(_env("MODEL_ROOTS", "")).split(os.pathsep) if m]
     p.add_argument("--model-root", action="append", default=roots, metavar="DIR",
                    help="folder whose model directories POST /v1/models/load may load [MIZUOTO_MODEL_ROOTS]")

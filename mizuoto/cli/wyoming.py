@@ -27,7 +27,8 @@ def add_wyoming_arguments(p: argparse.ArgumentParser) -> None:
                    help="where to listen: tcp://HOST:PORT or unix://PATH [MIZUOTO_WYOMING_URI]")
     models = [m for m in str(_env("MODELS", "")).split(os.pathsep) if m]
     p.add_argument("-m", "--model", action="append", default=models, metavar="[NAME=]DIR|ORG/NAME",
-                   help="model directory or Hugging Face repo id to serve, loaded at start (repeatable) [MIZUOTO_MODELS, ':'-separated]")
+                   help="model directory or Hugging Face repo id to serve, loaded at start (repeatable)"
+                        " [MIZUOTO_MODELS, ':'-separated]")
     voices = [v for v in str(_env("VOICES", "")).split(os.pathsep) if v]
     p.add_argument("--voice", action="append", default=voices, metavar="ID=CLIP",
                    help="a voice to clone from a reference clip, offered by every model that clones; its transcript"

@@ -44,7 +44,8 @@ def ray_server(served_dirs, tmp_path_factory):
         deadline = time.monotonic() + START_SECONDS
         while not ready.exists():
             assert proc.poll() is None, (tmp / "ray.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "Ray Serve did not start in time:\n" + (tmp / "ray.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, \
+                "Ray Serve did not start in time:\n" + (tmp / "ray.log").read_text()[-3000:]
             time.sleep(0.5)
         assert ready.read_text() == f"http://127.0.0.1:{port}"
         yield ready.read_text()
