@@ -13,7 +13,7 @@ TEST_STAMP := $(VENV)/.installed-test
 $(STAMP): pyproject.toml Makefile $(wildcard plugins/*/pyproject.toml)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q $(TORCH)
-	$(PIP) install -q -e '.[test,server,wyoming,cosyvoice]'
+	$(PIP) install -q -e '.[test,server,wyoming,cosyvoice,hub,aac,ray]'
 	for p in plugins/*/; do [ -f $$p/pyproject.toml ] && $(PIP) install -q -e $$p || exit 1; done
 	touch $(STAMP)
 

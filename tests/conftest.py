@@ -22,6 +22,16 @@ fixtures_root()  # raises at collection if the fixture tree is missing
 os.environ["MIZUOTO_HOME"] = tempfile.mkdtemp(prefix="mizuoto-home-")
 
 
+@pytest.fixture(autouse=True)
+def _own_voice_store(tmp_path_factory, monkeypatch):
+    """Each test's Runtimes (and its child processes) store cached voices in a folder of their own.
+
+    Voices persist by design; across tests they would leak (an id stored by one test would be
+    restored into the next test's model of the same files).
+    """
+    monkeypatch.setenv("MIZUOTO_VOICE_STORE", str(tmp_path_factory.mktemp("voices")))
+
+
 @pytest.fixture
 def tone_dir(tmp_path):
     """A fresh sine-tone model directory (the toy engine of mizuoto.testing.toy)."""

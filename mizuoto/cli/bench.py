@@ -20,6 +20,7 @@ import torch
 
 from mizuoto.errors import InvalidRequest, MizuotoError
 from mizuoto.runtime.bench import CPU_DEFAULTS, BenchDriver, BenchSettings, benchmark, format_table
+from mizuoto.runtime.hub import resolve_model
 from mizuoto.runtime.options import LoadOptions, add_load_arguments, options_from_args
 
 
@@ -71,7 +72,8 @@ def find_factory(model_dir: Path | None, random: str | None) -> Callable[..., Be
 def configure(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     """Add the bench arguments to `p`; return the runner."""
     p.add_argument("model_dir", nargs="?", help="model directory (or use --random)")
-    p.add_argument("-m", "--model", dest="model_opt", metavar="DIR", help="model directory (same as MODEL_DIR)")
+    p.add_argument("-m", "--model", dest="model_opt", metavar="DIR",
+                   help="model directory or Hugging Face repo id (same as MODEL_DIR)")
     p.add_argument("--random", metavar="KIND", help="build a full-size model with random weights, e.g. cosyvoice2")
     p.add_argument("--driver", metavar="FILE.py:NAME", help="bench driver factory to use instead of the engine's")
     p.add_argument("--workdir", help="where --random writes its model directory (default: a temporary one;"
@@ -117,7 +119,7 @@ def run_bench(args: argparse.Namespace) -> int:
     defaults = asdict(BenchSettings()) if options.device.startswith("cuda") else CPU_DEFAULTS
     counts = {k: getattr(args, k) if getattr(args, k) is not None else defaults[k] for k in CPU_DEFAULTS}
     settings = BenchSettings(text=args.text, prompt_text=args.prompt_text, stream=args.stream, **counts)
-    model_dir = Path(args.model_dir) if args.model_dir else None
+    model_dir = resolve_model(args.model_dir) if args.model_dir else None
     if model_dir is not None and not model_dir.is_dir():
         raise InvalidRequest(f"bench: not a directory: {model_dir}")
     factory = load_factory(args.driver) if args.driver else find_factory(model_dir, args.random)

@@ -53,7 +53,7 @@ def _engines_setup(p: argparse.ArgumentParser) -> Callable:
 
 @command("models", "detect model directories and show their memory plans")
 def _models_setup(p: argparse.ArgumentParser) -> Callable:
-    p.add_argument("dirs", nargs="+", metavar="DIR")
+    p.add_argument("dirs", nargs="+", metavar="DIR", help="model directories or Hugging Face repo ids")
     p.add_argument("--plan", action="store_true", help="print each model's memory plan and what admission evicts")
     p.add_argument("--stream", action="store_true", help="plan for streaming requests")
     _budgets(p)
@@ -121,7 +121,7 @@ def _say_setup(p: argparse.ArgumentParser) -> Callable:
     from mizuoto.runtime.engine import MODES
 
     p.add_argument("text", nargs="?", help="text to speak ('-' reads stdin; omit for --mode vc)")
-    p.add_argument("-m", "--model", required=True, help="model directory")
+    p.add_argument("-m", "--model", required=True, help="model directory or Hugging Face repo id (org/name[@rev])")
     p.add_argument("-o", "--output", required=True, help="output wav path (written atomically)")
     voice = p.add_mutually_exclusive_group()
     voice.add_argument("--voice", help="preset (or cached) voice id")
@@ -177,6 +177,14 @@ def _serve_setup(p: argparse.ArgumentParser) -> Callable:
 
     add_serve_arguments(p)
     return run_serve
+
+
+@command("ray-serve", "serve the HTTP API from Ray Serve replicas, models multiplexed per replica (needs mizuoto[ray])")
+def _ray_serve_setup(p: argparse.ArgumentParser) -> Callable:
+    from mizuoto.cli.ray_serve import add_ray_serve_arguments, run_ray_serve
+
+    add_ray_serve_arguments(p)
+    return run_ray_serve
 
 
 @command("wyoming", "run a Wyoming server for Home Assistant's voice pipeline (needs mizuoto[wyoming])")

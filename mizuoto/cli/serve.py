@@ -27,8 +27,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default=_env("HOST", "127.0.0.1"), help="address to listen on [MIZUOTO_HOST]")
     p.add_argument("--port", type=int, default=int(_env("PORT", 8000)), help="port [MIZUOTO_PORT]")
     models = [m for m in str(_env("MODELS", "")).split(os.pathsep) if m]
-    p.add_argument("-m", "--model", action="append", default=models, metavar="[NAME=]DIR",
-                   help="model directory to serve, loaded at start (repeatable) [MIZUOTO_MODELS, ':'-separated]")
+    p.add_argument("-m", "--model", action="append", default=models, metavar="[NAME=]DIR|ORG/NAME",
+                   help="model directory or Hugging Face repo id to serve, loaded at start (repeatable)"
+                        " [MIZUOTO_MODELS, ':'-separated]")
     roots = [m for m in str(_env("MODEL_ROOTS", "")).split(os.pathsep) if m]
     p.add_argument("--model-root", action="append", default=roots, metavar="DIR",
                    help="folder whose model directories POST /v1/models/load may load [MIZUOTO_MODEL_ROOTS]")
@@ -67,17 +68,19 @@ def add_serve_command(subparsers: argparse._SubParsersAction) -> argparse.Argume
 
 def _models(specs: list[str]) -> dict[str, Path]:
     from mizuoto.errors import InvalidRequest
+    from mizuoto.runtime.hub import is_repo_id, resolve_model
 
     out: dict[str, Path] = {}
     for spec in specs:
         name, sep, path = spec.partition("=")
         if not sep:
-            name, path = Path(spec).resolve().name, spec
-        if not Path(path).is_dir():
+            name, path = (spec.partition("@")[0] if is_repo_id(spec) else Path(spec).resolve().name), spec
+        resolved = resolve_model(path)  # a directory, or a Hugging Face repo id's snapshot
+        if not resolved.is_dir():
             raise InvalidRequest(f"-m {spec}: model directory not found: {path}")
         if name in out:
             raise InvalidRequest(f"-m {spec}: model name {name!r} is given twice; use NAME=DIR")
-        out[name] = Path(path)
+        out[name] = resolved
     return out
 
 

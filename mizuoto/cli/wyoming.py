@@ -26,8 +26,9 @@ def add_wyoming_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--uri", default=_env("WYOMING_URI", "tcp://127.0.0.1:10200"),
                    help="where to listen: tcp://HOST:PORT or unix://PATH [MIZUOTO_WYOMING_URI]")
     models = [m for m in str(_env("MODELS", "")).split(os.pathsep) if m]
-    p.add_argument("-m", "--model", action="append", default=models, metavar="[NAME=]DIR",
-                   help="model directory to serve, loaded at start (repeatable) [MIZUOTO_MODELS, ':'-separated]")
+    p.add_argument("-m", "--model", action="append", default=models, metavar="[NAME=]DIR|ORG/NAME",
+                   help="model directory or Hugging Face repo id to serve, loaded at start (repeatable)"
+                        " [MIZUOTO_MODELS, ':'-separated]")
     voices = [v for v in str(_env("VOICES", "")).split(os.pathsep) if v]
     p.add_argument("--voice", action="append", default=voices, metavar="ID=CLIP",
                    help="a voice to clone from a reference clip, offered by every model that clones; its transcript"

@@ -13,6 +13,12 @@ def home_dir() -> Path:
     return Path(os.environ.get("MIZUOTO_HOME", Path.home() / ".cache" / "mizuoto")).expanduser()
 
 
+def voices_dir() -> Path:
+    """Where cached voices persist: `$MIZUOTO_VOICE_STORE`, default `$MIZUOTO_HOME/voices`."""
+    given = os.environ.get("MIZUOTO_VOICE_STORE")
+    return Path(given).expanduser() if given else home_dir() / "voices"
+
+
 def _writable(path: Path) -> bool:
     try:
         path.mkdir(parents=True, exist_ok=True)

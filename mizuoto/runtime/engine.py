@@ -90,6 +90,22 @@ class Voice:
 
 
 @dataclass(frozen=True)
+class VoicePrompt:
+    """A cached voice as an engine exports it: named tensors, and strings the engine wants back on import."""
+
+    tensors: dict[str, torch.Tensor]
+    meta: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for key, t in self.tensors.items():
+            if not isinstance(key, str) or not isinstance(t, torch.Tensor):
+                raise InvalidRequest(f"voice prompt entry {key!r} must be a tensor, got {type(t).__name__}")
+        for key, v in self.meta.items():
+            if not isinstance(key, str) or not isinstance(v, str):
+                raise InvalidRequest(f"voice prompt meta {key!r} must be a string, got {type(v).__name__}")
+
+
+@dataclass(frozen=True)
 class Capabilities:
     """What a model (or an engine at best) can do."""
 
@@ -302,6 +318,18 @@ class Model(abc.ABC):
     def add_voice(self, voice_id: str, ref_audio: AudioSource, ref_text: str | None = None) -> Voice:
         """Cache a voice prompt under `voice_id` (only when capabilities.voice_cache)."""
         raise InvalidRequest(f"{type(self).__name__} cannot cache voices")
+
+    def export_voice(self, voice_id: str) -> VoicePrompt:
+        """A cached voice's prompt as tensors (+ strings), to be stored and imported later (voice_cache only)."""
+        raise InvalidRequest(f"{type(self).__name__} cannot export cached voices")
+
+    def import_voice(self, voice_id: str, prompt: VoicePrompt) -> Voice:
+        """Cache a prompt that `export_voice` gave, without running the front end (voice_cache only)."""
+        raise InvalidRequest(f"{type(self).__name__} cannot import cached voices")
+
+    def remove_voice(self, voice_id: str) -> None:
+        """Forget a cached voice (voice_cache only); an unknown id is an InvalidRequest."""
+        raise InvalidRequest(f"{type(self).__name__} cannot remove cached voices")
 
     def close(self) -> None:
         """Release what the model holds; it is not used afterwards."""

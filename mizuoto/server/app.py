@@ -169,17 +169,14 @@ async def _voices(request: Request, state: ServerState) -> Response:
         voice = await asyncio.to_thread(voices.register, state, body, request.headers.get("content-type", ""))
     finally:
         state.limiter.release()
-    return JSONResponse({"id": voice.id, "object": "voice", "kind": "uploaded", "sample_rate": voice.rate,
-                         "seconds": round(voice.samples.numel() / voice.rate, 3)}, status_code=201)
+    return JSONResponse(voice, status_code=201)
 
 
 @_route("voices.delete", admin=True)
 async def _voice_delete(request: Request, state: ServerState) -> Response:
-    voice_id = request.path_params["voice_id"]
-    if voice_id not in state.voices:
-        raise ApiError(404, "no uploaded voice of that id; GET /v1/audio/voices lists them", "voice_id")
-    del state.voices[voice_id]
-    return JSONResponse({"id": voice_id, "object": "voice", "deleted": True})
+    model = request.query_params.get("model")
+    body = await asyncio.to_thread(voices.delete, state, request.path_params["voice_id"], model)
+    return JSONResponse(body)
 
 
 async def _health(request: Request) -> Response:

@@ -13,7 +13,10 @@ import torch
 from mizuoto.server.errors import ApiError
 
 MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac", "mp3": "audio/mpeg",
-               "opus": "audio/ogg; codecs=opus"}
+               "opus": "audio/ogg; codecs=opus", "aac": "audio/aac"}
+# what installs the encoder of a format missing on this machine
+ENCODER_HINTS = {"aac": "pip install 'mizuoto[aac]' (PyAV)", "flac": "a libsndfile with FLAC",
+                 "mp3": "libsndfile 1.1 or newer", "opus": "a libsndfile with Ogg Opus"}
 STREAMABLE = ("wav", "pcm")
 _SOUNDFILE = {"flac": ("FLAC", "PCM_16"), "mp3": ("MP3", "MPEG_LAYER_III"), "opus": ("OGG", "OPUS")}
 OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
@@ -34,7 +37,43 @@ def available_formats() -> tuple[str, ...]:
     for name, (major, subtype) in _SOUNDFILE.items():
         if major in formats and subtype in soundfile.available_subtypes(major):
             found.append(name)
+    if _aac_available():
+        found.append("aac")
     return tuple(found)
+
+
+def _aac_available() -> bool:
+    """PyAV is installed and its FFmpeg has an AAC encoder."""
+    try:
+        import av
+    except ImportError:
+        return False
+    return "aac" in av.codecs_available
+
+
+def missing_format(fmt: object, formats: tuple[str, ...]) -> str:
+    """The 400 message for a response_format this server cannot write: what it needs, and what is available."""
+    if fmt in MEDIA_TYPES:
+        return (f"response_format {fmt!r} has no encoder on this server (it needs {ENCODER_HINTS[fmt]});"
+                f" available: {', '.join(formats)}")
+    return f"response_format {fmt!r} is not supported; use one of: {', '.join(formats)}"
+
+
+def encode_aac(samples: np.ndarray, rate: int) -> bytes:
+    """AAC-LC in an ADTS stream (what OpenAI's `aac` is), through PyAV's FFmpeg encoder."""
+    import av
+
+    buf = io.BytesIO()
+    with av.open(buf, mode="w", format="adts") as out:
+        stream = out.add_stream("aac", rate=rate, layout="mono")
+        frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(samples, dtype=np.float32)[None, :], format="flt",
+                                           layout="mono")
+        frame.sample_rate = rate
+        for packet in stream.encode(frame):
+            out.mux(packet)
+        for packet in stream.encode(None):
+            out.mux(packet)
+    return buf.getvalue()
 
 
 def pcm16(samples: torch.Tensor | np.ndarray) -> bytes:
@@ -59,9 +98,11 @@ def encode(samples: torch.Tensor, rate: int, fmt: str) -> bytes:
     if fmt == "wav":
         body = pcm16(samples)
         return wav_header(rate, len(body)) + body
+    x = samples.detach().cpu().float()
+    if fmt == "aac":
+        return encode_aac(np.clip(x.numpy(), -1.0, 1.0), rate)
     import soundfile
 
-    x = samples.detach().cpu().float()
     if fmt == "opus" and rate not in OPUS_RATES:
         from mizuoto.nn.dsp.resample import resample
 

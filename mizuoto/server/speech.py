@@ -53,7 +53,8 @@ def build_request(state: ServerState, p: SpeechParams, reference: Reference | No
     elif p.voice is not None and p.voice in state.voices:
         voice = state.voices[p.voice].reference()
     elif p.voice is not None:
-        raise ApiError(400, f"unknown voice for model {p.model}; GET /v1/audio/voices lists them", "voice")
+        foreign = state.runtime.foreign_voice(p.model, p.voice)  # a voice cached for another model: say so
+        raise ApiError(400, foreign or f"unknown voice for model {p.model}; GET /v1/audio/voices lists them", "voice")
     else:
         presets = [v.id for v in state.runtime.voices(p.model) if v.kind == "preset"]
         if not presets:

@@ -9,6 +9,7 @@ import unicodedata
 from dataclasses import dataclass
 
 from mizuoto.runtime.engine import SPEED_RANGE
+from mizuoto.server.audio import missing_format
 from mizuoto.server.errors import ApiError
 
 STREAM_FORMATS = ("audio", "sse")
@@ -95,8 +96,7 @@ def parse_speech(data: dict, formats: tuple[str, ...], max_chars: int, need_inpu
         raise ApiError(400, f"unknown field '{unknown[0]}'; known fields: {', '.join(SPEECH_FIELDS)}", unknown[0])
     fmt = data.get("response_format", default_format)
     if fmt not in formats:
-        raise ApiError(400, f"response_format {fmt!r} is not supported; use one of: {', '.join(formats)}",
-                       "response_format")
+        raise ApiError(400, missing_format(fmt, formats), "response_format")
     stream = data.get("stream_format")
     if stream is not None and stream not in STREAM_FORMATS:
         raise ApiError(400, f"stream_format must be 'audio' or 'sse', got {stream!r}", "stream_format")

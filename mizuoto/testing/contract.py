@@ -31,7 +31,7 @@ import torch
 
 from mizuoto.runtime.api import Runtime
 from mizuoto.runtime.engine import (MODES, AudioChunk, Capabilities, Engine, Reference, Stage, SynthesisRequest,
-                                    Voice, check_request)
+                                    Voice, VoicePrompt, check_request)
 from mizuoto.errors import InvalidRequest, MizuotoError
 from mizuoto.runtime.memory import Plan, measure, run_groups
 from mizuoto.runtime.plugins import default_registry
@@ -336,3 +336,70 @@ def test_voice_cache(case):
     else:
         request = SynthesisRequest(TEXT, mode=mode, voice="contract-voice", seed=1, **extra)
     _check_chunks(list(rt.synthesize(name, request)), caps, stream=False)
+
+
+def _cached_voice_request(caps: Capabilities, voice_id: str) -> SynthesisRequest:
+    """A seeded request speaking with a cached voice, in the first voice mode the model has."""
+    mode = next(m for m in ("clone", "cross_lingual", "instruct", "vc") if m in caps.modes)
+    if mode == "vc":
+        return SynthesisRequest(mode=mode, voice=voice_id, source_audio=_reference(), seed=1)
+    extra = {"instruct": "Speak slowly."} if mode == "instruct" else {}
+    return SynthesisRequest(TEXT, mode=mode, voice=voice_id, seed=1, **extra)
+
+
+def test_voice_export_import_remove(case):
+    """A cached voice exports as tensors, is removed, and imported back speaks the same audio for the same seed."""
+    rt, name = _loaded(case)
+    model = rt.model(name)
+    caps = model.capabilities
+    if not caps.voice_cache:
+        for call in (lambda: model.export_voice("x"), lambda: model.remove_voice("x"),
+                     lambda: model.import_voice("x", VoicePrompt({"x": torch.zeros(1)}))):
+            with pytest.raises(MizuotoError):
+                call()
+        return
+    rt.add_voice(name, "contract-export", _reference(), REF_TEXT, persist=False)
+    caps = model.capabilities
+    before = _check_chunks(list(rt.synthesize(name, _cached_voice_request(caps, "contract-export"))), caps, False)
+    prompt = model.export_voice("contract-export")
+    assert isinstance(prompt, VoicePrompt) and prompt.tensors, "export_voice must give the prompt's tensors"
+    model.remove_voice("contract-export")
+    assert "contract-export" not in [v.id for v in model.voices()]
+    with pytest.raises(InvalidRequest):
+        model.remove_voice("contract-export")
+    with pytest.raises(InvalidRequest):
+        model.export_voice("contract-export")
+    with pytest.raises(InvalidRequest, match="unknown voice"):
+        rt.synthesize(name, _cached_voice_request(caps, "contract-export"))
+    voice = model.import_voice("contract-export", VoicePrompt({k: t.clone() for k, t in prompt.tensors.items()},
+                                                              dict(prompt.meta)))
+    assert voice == Voice("contract-export", "cached", voice.description)
+    assert "contract-export" in [v.id for v in model.voices()]
+    caps = model.capabilities
+    after = _check_chunks(list(rt.synthesize(name, _cached_voice_request(caps, "contract-export"))), caps, False)
+    assert torch.equal(before, after), "an imported voice must speak as the voice it was exported from"
+    model.remove_voice("contract-export")
+
+
+def test_voice_survives_restart(case, tmp_path):
+    """Runtime.add_voice stores the prompt; a new Runtime over the same store restores it: same audio, same seed."""
+    with Runtime(voices=tmp_path) as rt:
+        name = rt.load(case.model_dir, engine=case.engine)
+        caps = rt.model(name).capabilities
+        if not caps.voice_cache:
+            with pytest.raises(MizuotoError):
+                rt.add_voice(name, "contract-kept", _reference(), REF_TEXT)
+            assert not list(tmp_path.rglob("*.safetensors"))
+            return
+        rt.add_voice(name, "contract-kept", _reference(), REF_TEXT)
+        caps = rt.model(name).capabilities
+        before = _check_chunks(list(rt.synthesize(name, _cached_voice_request(caps, "contract-kept"))), caps, False)
+    assert len(list(tmp_path.rglob("*.safetensors"))) == 1 and len(list(tmp_path.rglob("voice.json"))) == 1
+    with Runtime(voices=tmp_path) as rt:
+        name = rt.load(case.model_dir, engine=case.engine)
+        assert "contract-kept" in [v.id for v in rt.voices(name) if v.kind == "cached"]
+        caps = rt.model(name).capabilities
+        after = _check_chunks(list(rt.synthesize(name, _cached_voice_request(caps, "contract-kept"))), caps, False)
+        assert torch.equal(before, after), "a restored voice must speak as it did before the restart"
+        assert rt.remove_voice("contract-kept", name) == 2  # the loaded copy and the stored one
+    assert not list(tmp_path.rglob("voice.json"))

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from mizuoto.runtime.engine import (MODES, AudioChunk, Capabilities, Engine, Model, Reference, Stage,
-                                    SynthesisRequest, Voice, load_audio)
+                                    SynthesisRequest, Voice, VoicePrompt, load_audio)
 from mizuoto.errors import InvalidRequest, ModelLoadError
 
 CONFIG = "tone.json"
@@ -105,6 +105,24 @@ class ToneModel(Model):
             raise InvalidRequest(f"cannot cache a voice as {voice_id!r}: empty or a preset's name")
         self._cached[voice_id] = self._listen(*Reference(ref_audio, ref_text).load())
         return Voice(voice_id, "cached")
+
+    def export_voice(self, voice_id: str) -> VoicePrompt:
+        if voice_id not in self._cached:
+            raise InvalidRequest(f"no cached voice {voice_id!r}")
+        return VoicePrompt({"pitch": torch.tensor([self._cached[voice_id]], dtype=torch.float64)}, {"unit": "Hz"})
+
+    def import_voice(self, voice_id: str, prompt: VoicePrompt) -> Voice:
+        pitch = prompt.tensors.get("pitch")
+        if not voice_id or voice_id in self._presets:
+            raise InvalidRequest(f"cannot cache a voice as {voice_id!r}: empty or a preset's name")
+        if pitch is None or pitch.numel() != 1:
+            raise InvalidRequest(f"voice {voice_id!r}: a tone voice prompt is one 'pitch' value")
+        self._cached[voice_id] = float(pitch.item())
+        return Voice(voice_id, "cached")
+
+    def remove_voice(self, voice_id: str) -> None:
+        if self._cached.pop(voice_id, None) is None:
+            raise InvalidRequest(f"no cached voice {voice_id!r}")
 
     def _voice_pitch(self, request: SynthesisRequest) -> float:
         v = request.voice

@@ -35,7 +35,7 @@ CASES = [
     ("speed-0", {"speed": 0}, 400, "speed", "speed must be"),
     ("speed-100", {"speed": 100}, 400, "speed", "speed must be"),
     ("speed-string", {"speed": "fast"}, 400, "speed", "speed must be"),
-    ("unsupported-format", {"response_format": "aac"}, 400, "response_format", "not supported"),
+    ("unsupported-format", {"response_format": "ogg"}, 400, "response_format", "not supported"),
     ("unstreamable-format", {"response_format": "flac", "stream_format": "audio"}, 400, "response_format",
      "cannot be streamed"),
     ("bad-stream-format", {"stream_format": "chunks"}, 400, "stream_format", "'audio' or 'sse'"),

@@ -26,7 +26,7 @@ from mizuoto.engines.cosyvoice.synthesis import Synthesizer, request_generators,
 from mizuoto.engines.cosyvoice.variants import find_variant, load_config
 from mizuoto.nn.vocoders.f0 import f0_device
 from mizuoto.runtime.engine import (MODES, AudioChunk, Capabilities, Engine, Model, Reference, Stage,
-                                    SynthesisRequest, Voice, check_request)
+                                    SynthesisRequest, Voice, VoicePrompt, check_request)
 from mizuoto.errors import InvalidRequest, MizuotoError, ModelLoadError
 from mizuoto.runtime.graphs import use_cuda_graphs
 from mizuoto.runtime.options import LoadOptions
@@ -34,6 +34,9 @@ from mizuoto.runtime.options import LoadOptions
 log = logging.getLogger("mizuoto.cosyvoice")
 
 LANGUAGES = ("zh", "en", "ja", "ko", "yue")
+# what a cached voice holds (upstream's add_zero_shot_spk entry), beside the optional "prompt_text" tokens
+PROMPT_KEYS = ("llm_prompt_speech_token", "flow_prompt_speech_token", "prompt_speech_feat", "llm_embedding",
+               "flow_embedding")
 
 
 class CosyVoiceEngine(Engine):
@@ -161,6 +164,33 @@ class CosyVoiceModel(Model):
             self.cached[voice_id] = prompt
         self.capabilities = self._capabilities()
         return Voice(voice_id, "cached")
+
+    def export_voice(self, voice_id: str) -> VoicePrompt:
+        """A cached prompt's tensors (tokens, embeddings, prompt mel, transcript tokens)."""
+        with self._voices_lock:
+            if voice_id not in self.cached:
+                raise InvalidRequest(f"no cached voice {voice_id!r} on {self.model_dir.name}")
+            return VoicePrompt(dict(self.cached[voice_id]), {"variant": f"cosyvoice{self.variant.version}"})
+
+    def import_voice(self, voice_id: str, prompt: VoicePrompt) -> Voice:
+        """Cache an exported prompt as is; the front end does not run."""
+        if voice_id in self.presets:
+            raise InvalidRequest(f"{voice_id!r} is a preset voice of this model; choose another id")
+        missing = sorted(set(PROMPT_KEYS) - set(prompt.tensors))
+        extra = sorted(set(prompt.tensors) - set(PROMPT_KEYS) - {"prompt_text"})
+        if missing or extra:
+            raise InvalidRequest(f"voice {voice_id!r} is not a CosyVoice prompt (missing {missing}, unknown {extra})")
+        with self._voices_lock:
+            self.cached[voice_id] = dict(prompt.tensors)
+        self.capabilities = self._capabilities()
+        return Voice(voice_id, "cached")
+
+    def remove_voice(self, voice_id: str) -> None:
+        """Forget a cached voice."""
+        with self._voices_lock:
+            if self.cached.pop(voice_id, None) is None:
+                raise InvalidRequest(f"no cached voice {voice_id!r} on {self.model_dir.name}")
+        self.capabilities = self._capabilities()
 
     def close(self) -> None:
         self.llm = self.flow = self.hift = None
