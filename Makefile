@@ -13,13 +13,14 @@ TEST_STAMP := $(VENV)/.installed-test
 $(STAMP): pyproject.toml Makefile $(wildcard plugins/*/pyproject.toml)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q $(TORCH)
-	$(PIP) install -q -e '.[test,server,wyoming,cosyvoice,hub,aac,ray]'
+	$(PIP) install -q -e '.[test,server,wyoming,cosyvoice,hub]'
 	for p in plugins/*/; do [ -f $$p/pyproject.toml ] && $(PIP) install -q -e $$p || exit 1; done
 	touch $(STAMP)
 
-# The test-only plugins (a toy engine and a deliberately broken one) go into the venv only for tests.
+# Only for tests: the extras their integrations need (parquet lists, aac, Ray) and the test-only plugins
+# (a toy engine and a deliberately broken one), so make demo's venv stays light and lists just real engines.
 $(TEST_STAMP): $(STAMP) $(wildcard tests/plugins/*/pyproject.toml)
-	$(PIP) install -q -e '.[parquet]'
+	$(PIP) install -q -e '.[parquet,aac,ray]'
 	for p in tests/plugins/*/; do [ -f $$p/pyproject.toml ] && $(PIP) install -q -e $$p || exit 1; done
 	touch $(TEST_STAMP)
 

@@ -4,7 +4,6 @@ CosyVoice and Piper are served from one replica that holds one model at a time (
 LRU); the queue bound in front of it answers 503 + Retry-After.
 """
 
-import base64
 import os
 import signal
 import subprocess
