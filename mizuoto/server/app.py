@@ -192,15 +192,16 @@ async def _ready(request: Request) -> Response:
         return JSONResponse({"status": "shutting down"}, status_code=503)
     if not state.loaded():
         return JSONResponse({"status": "no model loaded"}, status_code=503)
-    full = state.limiter.active >= state.limiter.limit
+    full = state.limiter.full()
     return JSONResponse({"status": "busy" if full else "ready", "models": state.loaded(),
-                         "in_flight": state.limiter.active}, status_code=503 if full else 200)
+                         "in_flight": state.limiter.active, "queued": state.limiter.queued},
+                        status_code=503 if full else 200)
 
 
 async def _metrics(request: Request) -> Response:
     state = _state(request)
     rows = await asyncio.to_thread(state.memory_rows)
-    return PlainTextResponse(state.metrics.render(state.limiter.active, state.limiter.limit, rows),
+    return PlainTextResponse(state.metrics.render(state.limiter, rows),
                              media_type="text/plain; version=0.0.4")
 
 

@@ -72,15 +72,18 @@ def build_request(state: ServerState, p: SpeechParams, reference: Reference | No
 
 
 def start_job(state: ServerState, p: SpeechParams, stream: bool, text: str | Iterable[str] | None = None) -> Job:
-    """Take a concurrency slot (or 503) and start the synthesis in a worker thread.
+    """Take a slot or a place in the queue (or 503) and start the synthesis in a worker thread.
 
-    The reference audio is decoded in the worker too: off the event loop, and bounded by the slots.
+    The worker waits in the queue for its slot; the reference audio is decoded there too, off the
+    event loop and bounded by the slots.
     """
     if state.closing:
         raise ApiError(503, "the server is shutting down", headers={"Retry-After": str(state.config.retry_after)})
-    if not state.limiter.try_acquire():
-        raise ApiError(503, f"the server is at its limit of {state.config.max_concurrent} concurrent requests;"
-                            " retry shortly", headers={"Retry-After": str(state.config.retry_after)})
+    ticket = state.limiter.enter()
+    if ticket is None:
+        raise ApiError(503, f"the server is at its limit of {state.config.max_concurrent} concurrent requests"
+                            f" and {state.config.max_queued} queued; retry shortly",
+                       headers={"Retry-After": str(state.config.retry_after)})
 
     def start(cancel: threading.Event) -> Iterator[AudioChunk]:
         request = build_request(state, p, inline_reference(state, p), stream, text)
@@ -97,7 +100,8 @@ def start_job(state: ServerState, p: SpeechParams, stream: bool, text: str | Ite
         except RuntimeError:  # the loop is closed (server gone)
             pass
 
-    job = Job(start, state.limiter, state.config.request_timeout, on_finish=finished)
+    job = Job(start, state.limiter, ticket, state.config.request_timeout, on_finish=finished,
+              on_admit=state.metrics.queue_wait, retry_after=state.config.retry_after)
     state.jobs.add(job)
     return job.run()
 
