@@ -24,6 +24,34 @@ _END = object()
 QUEUE_CHUNKS = 8  # chunks a worker may run ahead of a slow client
 
 
+async def in_fresh_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """fn(*args) in a new thread that ends with the call, awaited from the event loop.
+
+    For torch work outside jobs (loading, encoding, decoding uploads): each thread that runs a
+    parallel region keeps an OpenMP team for as long as it lives, and a second live team slows
+    every job's compute (docs/performance.md, "Threads"); asyncio's pooled executor threads live on.
+    """
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future = loop.create_future()
+
+    def settle(ok: bool, value: Any) -> None:
+        if not done.cancelled():
+            done.set_result(value) if ok else done.set_exception(value)
+
+    def run() -> None:
+        try:
+            result: tuple[bool, Any] = (True, fn(*args))
+        except BaseException as e:  # handed to the awaiting coroutine
+            result = (False, e)
+        try:
+            loop.call_soon_threadsafe(settle, *result)
+        except RuntimeError:  # the loop is closed: nobody is waiting any more
+            pass
+
+    threading.Thread(target=run, name="mizuoto-compute", daemon=True).start()
+    return await done
+
+
 class Cancelled(Exception):
     """Raised inside a worker (e.g. by a streamed-text iterator) when its job was cancelled."""
 

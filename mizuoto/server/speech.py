@@ -17,7 +17,7 @@ from mizuoto.runtime.engine import AudioChunk, Reference, SynthesisRequest
 from mizuoto.server.audio import (MEDIA_TYPES, check_finite, decode_base64, decode_reference, encode, pcm16,
                                   wav_header)
 from mizuoto.server.errors import ApiError, from_exception
-from mizuoto.server.jobs import Cancelled, Job
+from mizuoto.server.jobs import Cancelled, Job, in_fresh_thread
 from mizuoto.server.state import ServerState
 from mizuoto.server.validation import SpeechParams, field_of
 
@@ -201,8 +201,7 @@ async def whole(state: ServerState, p: SpeechParams, pull: Pull) -> tuple[bytes,
         chunks.append(chunk.samples.detach().cpu())
     if not chunks:
         raise ApiError(500, "the engine produced no audio")
-    audio = torch.cat(chunks)
-    return await asyncio.to_thread(encode, audio, pull.rate, p.response_format), pull.rate
+    return await in_fresh_thread(lambda: encode(torch.cat(chunks), pull.rate, p.response_format)), pull.rate
 
 
 async def audio_stream(p: SpeechParams, pull: Pull, first: AudioChunk) -> AsyncIterator[bytes]:
