@@ -19,7 +19,8 @@ from typing import Any, Callable
 import torch
 
 from mizuoto.errors import InvalidRequest, MizuotoError
-from mizuoto.runtime.bench import CPU_DEFAULTS, BenchDriver, BenchSettings, benchmark, format_table
+from mizuoto.runtime.bench import (CPU_DEFAULTS, BenchDriver, BenchSettings, benchmark, concurrency_sweep,
+                                   format_concurrency, format_table, in_thread)
 from mizuoto.runtime.hub import resolve_model
 from mizuoto.runtime.options import LoadOptions, add_load_arguments, options_from_args
 
@@ -89,10 +90,23 @@ def configure(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]
     p.add_argument("--warmup", type=int, help=f"runs before measuring "
                    f"(default {BenchSettings.warmup}; {CPU_DEFAULTS['warmup']} off CUDA)")
     p.add_argument("--stream", action="store_true", help="also time a streamed request (first-chunk latency)")
+    p.add_argument("--threaded", nargs="?", const="compute", choices=("compute", "beside"),
+                   help="compute: load and measure in one worker thread (the main thread computes nothing);"
+                        " beside: measure in the main thread, then again in a new worker thread, both reported")
+    p.add_argument("--concurrency", metavar="N,N,...", type=_counts,
+                   help="also start N streamed requests at once for each N, e.g. 1,2,4,8: aggregate LM tokens/s,"
+                        " audio seconds per second, first-chunk p50/p95, peak memory")
     add_load_arguments(p)
     p.add_argument("--bandwidth", type=float, help="the device's peak bandwidth in GB/s (overrides the lookup)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     return run_bench
+
+
+def _counts(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected counts like 1,2,4,8, got {text!r}") from None
 
 
 def add_bench_command(subparsers: Any) -> argparse.ArgumentParser:
@@ -123,18 +137,41 @@ def run_bench(args: argparse.Namespace) -> int:
     if model_dir is not None and not model_dir.is_dir():
         raise InvalidRequest(f"bench: not a directory: {model_dir}")
     factory = load_factory(args.driver) if args.driver else find_factory(model_dir, args.random)
-    with tempfile.TemporaryDirectory(prefix="mizuoto-bench-") as tmp:
-        workdir = Path(args.workdir) if args.workdir else Path(tmp)
-        extra = {"assets": args.assets} if getattr(args, "assets", None) else {}
-        driver = factory(model_dir, args.random, options, settings, workdir, **extra)
-        try:
-            result = benchmark(driver, settings, args.bandwidth)
-        except torch.OutOfMemoryError as exc:
-            raise MizuotoError(f"bench: out of memory on {driver.device}: {exc}") from None
+    threaded = getattr(args, "threaded", None)
+
+    def measure() -> dict[str, Any]:
+        with tempfile.TemporaryDirectory(prefix="mizuoto-bench-") as tmp:
+            workdir = Path(args.workdir) if args.workdir else Path(tmp)
+            extra = {"assets": args.assets} if getattr(args, "assets", None) else {}
+            driver = factory(model_dir, args.random, options, settings, workdir, **extra)
+            try:
+                result = benchmark(driver, settings, args.bandwidth)
+                if threaded == "beside":
+                    result["threaded"] = in_thread(lambda: benchmark(driver, settings, args.bandwidth))
+                if getattr(args, "concurrency", None):
+                    result["concurrency"] = concurrency_sweep(driver, settings, args.concurrency)
+            except torch.OutOfMemoryError as exc:
+                raise MizuotoError(f"bench: out of memory on {driver.device}: {exc}") from None
+            return result
+
+    result = in_thread(measure) if threaded == "compute" else measure()
+    result["thread"] = {"compute": "one worker thread (load and runs)", "beside": "main, then a worker thread"}.get(
+        threaded, "main")
     result["settings"] = asdict(settings)
     result["options"] = {"device": options.device, "precision": options.precision, **asdict(options.compute)}
-    print(json.dumps(result, indent=2) if args.json else format_table(result))
+    print(json.dumps(result, indent=2) if args.json else _text(result))
     return 0
+
+
+def _text(result: dict[str, Any]) -> str:
+    text = format_table(result) + f"\nthread        {result['thread']}"
+    if "threaded" in result:
+        main, worker = result["lm_ms_per_token"], result["threaded"]["lm_ms_per_token"]
+        text += (f"\nthreaded LM   {worker:.2f} ms/token in a worker thread vs {main:.2f} in the main thread"
+                 f" ({worker / main:.2f}x); RTF {result['threaded']['rtf']:.3f}")
+    if "concurrency" in result:
+        text += "\n\n" + format_concurrency(result["concurrency"])
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:

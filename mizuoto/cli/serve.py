@@ -36,8 +36,15 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vram", default=_env("VRAM"), help="device memory budget, e.g. 6GiB [MIZUOTO_VRAM]")
     p.add_argument("--ram", default=_env("RAM"), help="host memory budget, e.g. 16GiB [MIZUOTO_RAM]")
     add_load_arguments(p, os.environ)
-    p.add_argument("--max-concurrent", type=int, default=int(_env("MAX_CONCURRENT", 4)),
-                   help="synthesis jobs at once; more get 503 + Retry-After [MIZUOTO_MAX_CONCURRENT]")
+    p.add_argument("--max-batch", "--max-concurrent", dest="max_batch", type=int,
+                   default=int(_env("MAX_BATCH", _env("MAX_CONCURRENT", 4))),
+                   help="synthesis jobs running at once (--max-concurrent is the old name); more wait in the queue"
+                        " [MIZUOTO_MAX_BATCH, or MIZUOTO_MAX_CONCURRENT]")
+    p.add_argument("--max-queued", type=int, default=int(_env("MAX_QUEUED", 32)),
+                   help="jobs that may wait for a slot (first come, first served); more get 503 + Retry-After"
+                        " [MIZUOTO_MAX_QUEUED]")
+    p.add_argument("--queue-timeout", type=float, default=float(_env("QUEUE_TIMEOUT", 120)),
+                   help="seconds a job may wait in the queue before it gets 503 (0: no limit) [MIZUOTO_QUEUE_TIMEOUT]")
     p.add_argument("--request-timeout", type=float, default=float(_env("REQUEST_TIMEOUT", 300)),
                    help="seconds a request may run before it is cancelled (0: none) [MIZUOTO_REQUEST_TIMEOUT]")
     p.add_argument("--max-input-chars", type=int, default=int(_env("MAX_INPUT_CHARS", 4096)),
@@ -98,14 +105,17 @@ def run_serve(args: argparse.Namespace) -> int:
     from mizuoto.server.launch import Server, config
     from mizuoto.server.state import ServerConfig
 
-    if args.max_concurrent < 1:
-        raise InvalidRequest(f"--max-concurrent must be at least 1, got {args.max_concurrent}")
+    if args.max_batch < 1:
+        raise InvalidRequest(f"--max-batch (--max-concurrent) must be at least 1, got {args.max_batch}")
+    if args.max_queued < 0 or args.queue_timeout < 0:
+        raise InvalidRequest("--max-queued and --queue-timeout must not be negative")
     options = options_from_args(args)
     options.resolved()  # an unavailable device fails here, in one line, not at the first load
     for flag in ("header_timeout", "idle_timeout"):
         if getattr(args, flag) <= 0:
             raise InvalidRequest(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
-    server_config = ServerConfig(max_concurrent=args.max_concurrent,
+    server_config = ServerConfig(max_concurrent=args.max_batch, max_queued=args.max_queued,
+                                 queue_timeout=args.queue_timeout or None,
                                  request_timeout=args.request_timeout or None,
                                  max_input_chars=args.max_input_chars, load_options=options.as_dict(),
                                  model_roots=tuple(Path(r) for r in args.model_root),

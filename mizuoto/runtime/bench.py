@@ -13,6 +13,10 @@ Drivers are found through the engine registry: an Engine class may offer
 list in `bench_random` the model kinds it can build with random weights (`--random cosyvoice2`;
 `assets` is passed only when `--assets` is given).
 `--driver path/to/file.py:factory` (or `package.module:factory`) names one directly.
+
+`--threaded` runs the measurement in a worker thread, as the server's jobs run; `--concurrency`
+starts that many streamed requests at once (one at a time per model, as the runtime runs them
+today) and reports aggregate throughput and first-chunk latency percentiles.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import resource
 import statistics
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Protocol, Sequence
@@ -223,3 +228,103 @@ def format_table(r: dict[str, Any]) -> str:
     rows.append(("LM bandwidth", bw))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+# --- threads and concurrent requests -------------------------------------------------------------
+
+def in_thread(fn: Callable[[], Any], name: str = "mizuoto-bench") -> Any:
+    """fn() run in a new thread (as the server's jobs run); its result, or its exception raised here."""
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            out.append((True, fn()))
+        except BaseException as e:  # handed to the caller
+            out.append((False, e))
+
+    thread = threading.Thread(target=run, name=name)
+    thread.start()
+    thread.join()
+    ok, value = out[0]
+    if not ok:
+        raise value
+    return value
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100) by linear interpolation between the sorted values."""
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def concurrent_run(driver: BenchDriver, settings: BenchSettings, clients: int) -> dict[str, Any]:
+    """`clients` streamed requests started at once, each in its own thread; aggregate figures.
+
+    The driver's model runs one request at a time (a lock, as the runtime's scheduler does), so a
+    request's first-chunk latency includes its wait for the ones before it.
+    """
+    device = driver.device
+    model_lock, barrier = threading.Lock(), threading.Barrier(clients + 1)
+    firsts: list[float] = []
+    samples: list[int] = []
+    errors: list[BaseException] = []
+    start = [0.0]
+
+    def client() -> None:
+        try:
+            barrier.wait()
+            first, total = None, 0
+            with model_lock:
+                for chunk in driver.stream(settings.tokens):
+                    if first is None:
+                        synchronize(device)
+                        first = time.perf_counter() - start[0]
+                    total += chunk.shape[-1]
+            firsts.append(first if first is not None else float("nan"))
+            samples.append(total)
+        except BaseException as e:  # reported after the join
+            errors.append(e)
+
+    threads = [threading.Thread(target=client, name="mizuoto-bench-client") for _ in range(clients)]
+    for t in threads:
+        t.start()
+    _peak_reset(device)
+    synchronize(device)
+    start[0] = time.perf_counter()
+    barrier.wait()
+    for t in threads:
+        t.join()
+    synchronize(device)
+    wall = time.perf_counter() - start[0]
+    if errors:
+        raise errors[0]
+    return {"concurrency": clients, "wall_s": wall,
+            "lm_tokens_per_s": clients * settings.tokens / wall,
+            "audio_seconds_per_s": sum(samples) / driver.sample_rate / wall,
+            "first_chunk_p50_ms": 1e3 * _percentile(firsts, 50),
+            "first_chunk_p95_ms": 1e3 * _percentile(firsts, 95),
+            "peak_memory_bytes": peak_memory_bytes(device)[0]}
+
+
+def concurrency_sweep(driver: BenchDriver, settings: BenchSettings, levels: Sequence[int]) -> list[dict[str, Any]]:
+    """concurrent_run at each level (after one warm-up request)."""
+    if not levels or any(c < 1 for c in levels):
+        raise InvalidRequest(f"bench: --concurrency takes positive counts, e.g. 1,2,4,8; got {list(levels)}")
+    for _ in driver.stream(settings.tokens):
+        pass
+    return [concurrent_run(driver, settings, c) for c in levels]
+
+
+def format_concurrency(rows: Sequence[dict[str, Any]]) -> str:
+    """The sweep as an aligned table."""
+    head = f"{'clients':>7}  {'LM tok/s':>9}  {'audio s/s':>9}  {'1st chunk p50':>13}  {'p95':>9}  {'peak mem':>9}"
+    lines = [head]
+    for r in rows:
+        lines.append(f"{r['concurrency']:>7}  {r['lm_tokens_per_s']:>9.1f}  {r['audio_seconds_per_s']:>9.3f}  "
+                     f"{r['first_chunk_p50_ms']:>10.0f} ms  {r['first_chunk_p95_ms']:>6.0f} ms  "
+                     f"{r['peak_memory_bytes'] / 1024 ** 3:>5.2f} GiB")
+    lines.append("(no batching: the model runs one request at a time, so tokens/s stays flat and latency grows)")
+    return "\n".join(lines)

@@ -17,6 +17,7 @@ from starlette.routing import Mount, Route, WebSocketRoute
 
 from mizuoto.server import page, speech, voices, websocket
 from mizuoto.server.errors import ApiError, from_exception
+from mizuoto.server.jobs import in_fresh_thread
 from mizuoto.server.malloc import tune_malloc
 from mizuoto.server.state import ServerConfig, ServerState
 from mizuoto.server.validation import name_field, parse_json, parse_speech, text_field
@@ -137,7 +138,7 @@ async def _load(request: Request, state: ServerState) -> Response:
         path = Path(given)
         if not state.loadable(path):
             raise ApiError(403, f"path {given!r} is not a served model directory nor inside a --model-root", "path")
-    loaded, evicted = await asyncio.to_thread(state.load, name, path, engine)
+    loaded, evicted = await in_fresh_thread(state.load, name, path, engine)
     return JSONResponse({**_model_entry(state, loaded), "evicted": evicted})
 
 
@@ -146,7 +147,7 @@ async def _unload(request: Request, state: ServerState) -> Response:
     name = name_field(parse_json(await _body(request, 1 << 20)), "model", required=True)
     request.state.model = name
     try:
-        await asyncio.to_thread(state.unload, name)
+        await in_fresh_thread(state.unload, name)
     except ApiError:
         raise
     except Exception as e:
@@ -166,7 +167,7 @@ async def _voices(request: Request, state: ServerState) -> Response:
         raise ApiError(503, f"the server is at its limit of {state.config.max_concurrent} concurrent requests;"
                             " retry shortly", headers={"Retry-After": str(state.config.retry_after)})
     try:
-        voice = await asyncio.to_thread(voices.register, state, body, request.headers.get("content-type", ""))
+        voice = await in_fresh_thread(voices.register, state, body, request.headers.get("content-type", ""))
     finally:
         state.limiter.release()
     return JSONResponse(voice, status_code=201)
@@ -189,15 +190,16 @@ async def _ready(request: Request) -> Response:
         return JSONResponse({"status": "shutting down"}, status_code=503)
     if not state.loaded():
         return JSONResponse({"status": "no model loaded"}, status_code=503)
-    full = state.limiter.active >= state.limiter.limit
+    full = state.limiter.full()
     return JSONResponse({"status": "busy" if full else "ready", "models": state.loaded(),
-                         "in_flight": state.limiter.active}, status_code=503 if full else 200)
+                         "in_flight": state.limiter.active, "queued": state.limiter.queued},
+                        status_code=503 if full else 200)
 
 
 async def _metrics(request: Request) -> Response:
     state = _state(request)
     rows = await asyncio.to_thread(state.memory_rows)
-    return PlainTextResponse(state.metrics.render(state.limiter.active, state.limiter.limit, rows),
+    return PlainTextResponse(state.metrics.render(state.limiter, rows),
                              media_type="text/plain; version=0.0.4")
 
 
@@ -226,7 +228,7 @@ def create_app(runtime: Any, config: ServerConfig | None = None, models: dict[st
         if preload:
             for name in list(state.catalogue):
                 if name not in state.loaded():
-                    await asyncio.to_thread(state.ensure_loaded, name)
+                    await in_fresh_thread(state.ensure_loaded, name)
         yield
         # Shutdown: uvicorn has let in-flight responses finish (up to its graceful timeout);
         # whatever still runs is cancelled, then the models are released.

@@ -4,8 +4,9 @@ The runtime's iterators are synchronous and may block (a model runs one request 
 a job owns one thread from the first call to the iterator's close. The consumer pulls chunks
 with a deadline; cancelling (client gone, deadline passed, server stopping) makes the worker
 stop at the engine's next stage call (the runtime's cancel event) and close the iterator in its
-own thread, which releases the model and whatever the engine held for the request. The slot is
-released when the computation ends, before the response is sent.
+own thread, which releases the model and whatever the engine held for the request. A queued job's
+worker first waits for its slot (admission.py); the slot is released when the computation ends,
+before the response is sent.
 """
 
 from __future__ import annotations
@@ -16,49 +17,60 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from mizuoto.server.admission import Admission, Ticket
 from mizuoto.server.errors import ApiError
 
 _END = object()
 QUEUE_CHUNKS = 8  # chunks a worker may run ahead of a slow client
 
 
+async def in_fresh_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """fn(*args) in a new thread that ends with the call, awaited from the event loop.
+
+    For torch work outside jobs (loading, encoding, decoding uploads): each thread that runs a
+    parallel region keeps an OpenMP team for as long as it lives, and a second live team slows
+    every job's compute (docs/performance.md, "Threads"); asyncio's pooled executor threads live on.
+    """
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future = loop.create_future()
+
+    def settle(ok: bool, value: Any) -> None:
+        if not done.cancelled():
+            done.set_result(value) if ok else done.set_exception(value)
+
+    def run() -> None:
+        try:
+            result: tuple[bool, Any] = (True, fn(*args))
+        except BaseException as e:  # handed to the awaiting coroutine
+            result = (False, e)
+        try:
+            loop.call_soon_threadsafe(settle, *result)
+        except RuntimeError:  # the loop is closed: nobody is waiting any more
+            pass
+
+    threading.Thread(target=run, name="mizuoto-compute", daemon=True).start()
+    return await done
+
+
 class Cancelled(Exception):
     """Raised inside a worker (e.g. by a streamed-text iterator) when its job was cancelled."""
-
-
-class Limiter:
-    """At most `limit` jobs at once; over that a request is refused (503), never queued."""
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self.active = 0
-        self._lock = threading.Lock()
-
-    def try_acquire(self) -> bool:
-        """Take a slot if one is free."""
-        with self._lock:
-            if self.active >= self.limit:
-                return False
-            self.active += 1
-            return True
-
-    def release(self) -> None:
-        """Give a slot back."""
-        with self._lock:
-            self.active -= 1
 
 
 class Job:
     """One synthesis running in a worker thread; iterate it from the event loop with `next()`."""
 
-    def __init__(self, start: Callable[[threading.Event], Iterator[Any]], limiter: Limiter, deadline: float | None,
-                 on_finish: Callable[[Job], None] | None = None):
+    def __init__(self, start: Callable[[threading.Event], Iterator[Any]], admission: Admission, ticket: Ticket,
+                 deadline: float | None, on_finish: Callable[[Job], None] | None = None,
+                 on_admit: Callable[[float], None] | None = None, retry_after: int = 1):
         self.cancelled = threading.Event()
+        self.retry_after = retry_after  # seconds, in the Retry-After of a queue-timeout 503
         self.started = time.monotonic()
         self.deadline = None if deadline is None else self.started + deadline
         self.finished = threading.Event()
         self._start = start
-        self._limiter = limiter
+        self._admission = admission
+        self._ticket = ticket
+        self._on_admit = on_admit
         self._on_finish = on_finish
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue = asyncio.Queue()
@@ -66,7 +78,7 @@ class Job:
         self._thread = threading.Thread(target=self._work, name="mizuoto-job", daemon=True)
 
     def run(self) -> Job:
-        """Start the worker (the limiter slot, already taken, is released when it ends)."""
+        """Start the worker: it waits for its ticket's slot, runs, and releases the slot when it ends."""
         self._thread.start()
         return self
 
@@ -77,6 +89,16 @@ class Job:
             self.cancelled.set()
 
     def _work(self) -> None:
+        if not self._admission.wait(self._ticket, self.cancelled):
+            self._put(Cancelled() if self.cancelled.is_set() else ApiError(
+                503, f"the request waited {self._admission.timeout:g} s in the queue without a free slot"
+                     " (--queue-timeout); retry shortly", headers={"Retry-After": str(self.retry_after)}))
+            self.finished.set()
+            if self._on_finish is not None:
+                self._on_finish(self)
+            return
+        if self._on_admit is not None:
+            self._on_admit(self._ticket.waited)
         iterator = None
         try:
             iterator = self._start(self.cancelled)  # the runtime stops at its next stage call once set
@@ -96,7 +118,7 @@ class Job:
                     iterator.close()
             finally:
                 iterator = None
-                self._limiter.release()
+                self._admission.release()
                 self.finished.set()
                 if self._on_finish is not None:
                     self._on_finish(self)

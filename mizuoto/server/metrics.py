@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
+from typing import Any
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 RTF_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
@@ -48,6 +49,7 @@ class Metrics:
         self._lock = threading.Lock()
         self.requests: dict[tuple[str, str, int], int] = defaultdict(int)
         self.first_chunk: dict[str, _Histogram] = {}
+        self.queue_waits = _Histogram(LATENCY_BUCKETS)
         self.rtf: dict[str, _Histogram] = {}
         self.cancelled = 0
         self.audio_seconds: dict[str, float] = defaultdict(float)
@@ -62,6 +64,11 @@ class Metrics:
         with self._lock:
             self.first_chunk.setdefault(model, _Histogram(LATENCY_BUCKETS)).observe(seconds)
 
+    def queue_wait(self, seconds: float) -> None:
+        """Time a job waited in the queue for its slot (0 when one was free)."""
+        with self._lock:
+            self.queue_waits.observe(seconds)
+
     def synthesis(self, model: str, wall: float, audio: float) -> None:
         """A completed synthesis: real-time factor = wall time / audio time."""
         with self._lock:
@@ -74,8 +81,9 @@ class Metrics:
         with self._lock:
             self.cancelled += 1
 
-    def render(self, in_flight: int, limit: int, memory: list[tuple[str, str, str, int]]) -> str:
-        """The exposition text; `memory` rows are (metric suffix, device, model, bytes)."""
+    def render(self, admission: Any, memory: list[tuple[str, str, str, int]]) -> str:
+        """The exposition text of an Admission's gauges and these counters; `memory` rows are (suffix, device, model, bytes)."""
+        in_flight, limit, queued = admission.active, admission.limit, admission.queued
         with self._lock:
             out = ["# HELP mizuoto_requests_total Requests answered, by route, model and status.",
                    "# TYPE mizuoto_requests_total counter"]
@@ -85,6 +93,14 @@ class Metrics:
                     "# TYPE mizuoto_requests_in_flight gauge", f"mizuoto_requests_in_flight {in_flight}",
                     "# HELP mizuoto_max_concurrent Jobs allowed at once (--max-concurrent).",
                     "# TYPE mizuoto_max_concurrent gauge", f"mizuoto_max_concurrent {limit}",
+                    "# HELP mizuoto_max_batch Jobs allowed at once (--max-batch, the same as --max-concurrent).",
+                    "# TYPE mizuoto_max_batch gauge", f"mizuoto_max_batch {limit}",
+                    "# HELP mizuoto_batch_occupancy Running jobs over --max-batch (0 to 1).",
+                    "# TYPE mizuoto_batch_occupancy gauge", f"mizuoto_batch_occupancy {in_flight / max(limit, 1):g}",
+                    "# HELP mizuoto_queue_depth Jobs waiting in the queue for a slot.",
+                    "# TYPE mizuoto_queue_depth gauge", f"mizuoto_queue_depth {queued}",
+                    "# HELP mizuoto_max_queued Jobs allowed to wait (--max-queued).",
+                    "# TYPE mizuoto_max_queued gauge", f"mizuoto_max_queued {admission.max_queued}",
                     "# HELP mizuoto_requests_cancelled_total Jobs cancelled by disconnect, deadline or shutdown.",
                     "# TYPE mizuoto_requests_cancelled_total counter",
                     f"mizuoto_requests_cancelled_total {self.cancelled}",
@@ -92,6 +108,9 @@ class Metrics:
                     "# TYPE mizuoto_first_chunk_seconds histogram"]
             for model, h in sorted(self.first_chunk.items()):
                 out += h.lines("mizuoto_first_chunk_seconds", {"model": model})
+            out += ["# HELP mizuoto_queue_wait_seconds Time a job waited in the queue for its slot.",
+                    "# TYPE mizuoto_queue_wait_seconds histogram"]
+            out += self.queue_waits.lines("mizuoto_queue_wait_seconds", {})
             out += ["# HELP mizuoto_rtf Real-time factor (synthesis wall time / audio duration).",
                     "# TYPE mizuoto_rtf histogram"]
             for model, h in sorted(self.rtf.items()):

@@ -17,7 +17,7 @@ from mizuoto.runtime.engine import AudioChunk, Reference, SynthesisRequest
 from mizuoto.server.audio import (MEDIA_TYPES, check_finite, decode_base64, decode_reference, encode, pcm16,
                                   wav_header)
 from mizuoto.server.errors import ApiError, from_exception
-from mizuoto.server.jobs import Cancelled, Job
+from mizuoto.server.jobs import Cancelled, Job, in_fresh_thread
 from mizuoto.server.state import ServerState
 from mizuoto.server.validation import SpeechParams, field_of
 
@@ -73,15 +73,18 @@ def build_request(state: ServerState, p: SpeechParams, reference: Reference | No
 
 
 def start_job(state: ServerState, p: SpeechParams, stream: bool, text: str | Iterable[str] | None = None) -> Job:
-    """Take a concurrency slot (or 503) and start the synthesis in a worker thread.
+    """Take a slot or a place in the queue (or 503) and start the synthesis in a worker thread.
 
-    The reference audio is decoded in the worker too: off the event loop, and bounded by the slots.
+    The worker waits in the queue for its slot; the reference audio is decoded there too, off the
+    event loop and bounded by the slots.
     """
     if state.closing:
         raise ApiError(503, "the server is shutting down", headers={"Retry-After": str(state.config.retry_after)})
-    if not state.limiter.try_acquire():
-        raise ApiError(503, f"the server is at its limit of {state.config.max_concurrent} concurrent requests;"
-                            " retry shortly", headers={"Retry-After": str(state.config.retry_after)})
+    ticket = state.limiter.enter()
+    if ticket is None:
+        raise ApiError(503, f"the server is at its limit of {state.config.max_concurrent} concurrent requests"
+                            f" and {state.config.max_queued} queued; retry shortly",
+                       headers={"Retry-After": str(state.config.retry_after)})
 
     def start(cancel: threading.Event) -> Iterator[AudioChunk]:
         request = build_request(state, p, inline_reference(state, p), stream, text)
@@ -98,7 +101,8 @@ def start_job(state: ServerState, p: SpeechParams, stream: bool, text: str | Ite
         except RuntimeError:  # the loop is closed (server gone)
             pass
 
-    job = Job(start, state.limiter, state.config.request_timeout, on_finish=finished)
+    job = Job(start, state.limiter, ticket, state.config.request_timeout, on_finish=finished,
+              on_admit=state.metrics.queue_wait, retry_after=state.config.retry_after)
     state.jobs.add(job)
     return job.run()
 
@@ -198,8 +202,7 @@ async def whole(state: ServerState, p: SpeechParams, pull: Pull) -> tuple[bytes,
         chunks.append(chunk.samples.detach().cpu())
     if not chunks:
         raise ApiError(500, "the engine produced no audio")
-    audio = torch.cat(chunks)
-    return await asyncio.to_thread(encode, audio, pull.rate, p.response_format), pull.rate
+    return await in_fresh_thread(lambda: encode(torch.cat(chunks), pull.rate, p.response_format)), pull.rate
 
 
 async def audio_stream(p: SpeechParams, pull: Pull, first: AudioChunk) -> AsyncIterator[bytes]:

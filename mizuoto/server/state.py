@@ -14,7 +14,8 @@ from mizuoto.runtime.engine import Reference
 from mizuoto.errors import InvalidRequest, MizuotoError
 from mizuoto.server.audio import available_formats
 from mizuoto.server.errors import ApiError
-from mizuoto.server.jobs import Job, Limiter
+from mizuoto.server.admission import Admission
+from mizuoto.server.jobs import Job
 from mizuoto.server.metrics import Metrics
 from mizuoto.server.validation import NAME
 
@@ -23,7 +24,9 @@ from mizuoto.server.validation import NAME
 class ServerConfig:
     """Limits and defaults of a server (each is a `mizuoto serve` flag)."""
 
-    max_concurrent: int = 4
+    max_concurrent: int = 4  # jobs running at once (--max-batch, alias --max-concurrent)
+    max_queued: int = 32  # jobs waiting for a slot, first come first served; past that 503 (--max-queued)
+    queue_timeout: float | None = 120.0  # seconds a job may wait in the queue before its 503 (--queue-timeout)
     request_timeout: float | None = 300.0  # seconds from arrival to the last chunk
     max_input_chars: int = 4096
     max_body_bytes: int = 32 << 20
@@ -68,7 +71,7 @@ class ServerState:
                                      "(give it as NAME=DIR)")
         self.catalogue: dict[str, Path] = {k: Path(v) for k, v in (models or {}).items()}
         self.voices: dict[str, StoredVoice] = {}
-        self.limiter = Limiter(config.max_concurrent)
+        self.limiter = Admission(config.max_concurrent, config.max_queued, config.queue_timeout)
         self.metrics = Metrics()
         self.jobs: set[Job] = set()
         self.closing = False

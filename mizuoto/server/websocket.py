@@ -19,7 +19,7 @@ import queue
 from collections.abc import Iterator
 
 from mizuoto.server.errors import ApiError, from_exception
-from mizuoto.server.jobs import Cancelled
+from mizuoto.server.jobs import Cancelled, in_fresh_thread
 from mizuoto.server.speech import ClientGone, Pull, pcm16, start_job
 from mizuoto.server.state import ServerState
 from mizuoto.server.validation import check_text, parse_speech
@@ -117,7 +117,7 @@ async def session(ws, state: ServerState) -> None:
         if p.input is not None:
             raise ApiError(400, "send the text with input_text.append messages, not in session.start", "input")
         state.check_model(p.model)
-        await asyncio.to_thread(state.ensure_loaded, p.model)
+        await in_fresh_thread(state.ensure_loaded, p.model)
         caps = state.runtime.model(p.model).capabilities
         await ws.send_json({"type": "session.created", "model": p.model, "sample_rate": caps.sample_rate,
                             "format": "pcm16", "stream_in": caps.stream_in})

@@ -29,6 +29,7 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, Synthesize
 
 from mizuoto.errors import InvalidRequest, MizuotoError
 from mizuoto.server.errors import ApiError, from_exception
+from mizuoto.server.jobs import in_fresh_thread
 from mizuoto.server.speech import ClientGone, Pull, start_job
 from mizuoto.server.state import ServerState
 from mizuoto.server.validation import SpeechParams, parse_speech
@@ -227,7 +228,7 @@ class WyomingHandler(AsyncEventHandler):
             self.dropping = True  # until the stream is open: a bad start drops what follows it
             voice = service.resolve(_voice_of(event))
             params = service.params(voice)
-            await asyncio.to_thread(service.state.ensure_loaded, voice.model)
+            await in_fresh_thread(service.state.ensure_loaded, voice.model)
             stream_in = service.state.runtime.model(voice.model).capabilities.stream_in
             self.stream, self.dropping = _Stream(self, voice, params, stream_in), False
         elif SynthesizeChunk.is_type(event.type):
@@ -325,7 +326,7 @@ class WyomingServer:
 
     async def start(self) -> None:
         """Load the models, then accept connections."""
-        await asyncio.to_thread(self.service.load_all)
+        await in_fresh_thread(self.service.load_all)
         await self.server.start(lambda reader, writer: WyomingHandler(self.service, reader, writer))
         names = [v.name for v in self.service.voices()]
         log.info("wyoming: serving %d voice(s) on %s: %s", len(names), self.uri, ", ".join(names) or "none")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -24,11 +25,18 @@ class FakeDriver:
         self.device = torch.device(options.device)
         self.args = (model_dir, random, settings, workdir)
         self.calls: list[str] = []
+        self._thread()  # where it was built, then where each call ran
         if workdir is not None:  # --driver loads this file as its own module: report through a file
             (Path(workdir) / "args.json").write_text(json.dumps([random, str(workdir)]))
 
+    def _thread(self):
+        if self.args[3] is not None:
+            with open(Path(self.args[3]) / "threads.txt", "a") as f:
+                f.write(threading.current_thread().name + "\n")
+
     def _call(self, stage):
         self.calls.append(stage)
+        self._thread()
         if self.args[3] is not None:
             with open(Path(self.args[3]) / "calls.txt", "a") as f:
                 f.write(stage + "\n")
@@ -147,3 +155,63 @@ def test_cpu_defaults_are_one_short_run(capsys):
     settings = json.loads(capsys.readouterr().out)["settings"]
     assert (settings["tokens"], settings["runs"], settings["warmup"]) == (
         bench.CPU_DEFAULTS["tokens"], bench.CPU_DEFAULTS["runs"], bench.CPU_DEFAULTS["warmup"])
+
+
+def _fake(argv, workdir=None):
+    extra = ["--workdir", str(workdir)] if workdir else []
+    return _parse(["--random", "fake", "--driver", f"{Path(__file__)}:fake_factory", "--tokens", "5",
+                   "--runs", "1", "--warmup", "0", "--device", "cpu", *extra, *argv])
+
+
+def _threads(workdir) -> set:
+    return set((Path(workdir) / "threads.txt").read_text().split())
+
+
+def _calls(workdir) -> list:
+    return (Path(workdir) / "calls.txt").read_text().split()
+
+
+def test_threaded_compute_builds_and_measures_off_the_main_thread(capsys, tmp_path):
+    run, args = _fake(["--threaded", "--json"], tmp_path)
+    assert run(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["thread"].startswith("one worker thread") and "threaded" not in out
+    assert _threads(tmp_path) == {"mizuoto-bench"}  # the driver was built there too
+
+
+def test_threaded_beside_reports_both(capsys, tmp_path):
+    run, args = _fake(["--threaded", "beside"], tmp_path)
+    assert run(args) == 0
+    text = capsys.readouterr().out
+    assert "in a worker thread vs" in text and "main thread" in text
+    assert _threads(tmp_path) == {"MainThread", "mizuoto-bench"}
+    assert _calls(tmp_path) == ["lm", "flow", "vocoder"] * 2
+
+
+def test_concurrency_sweep_json(capsys, tmp_path):
+    run, args = _fake(["--concurrency", "1,3", "--json"], tmp_path)
+    assert run(args) == 0
+    rows = json.loads(capsys.readouterr().out)["concurrency"]
+    assert [r["concurrency"] for r in rows] == [1, 3]
+    for r in rows:
+        assert set(r) >= {"concurrency", "lm_tokens_per_s", "audio_seconds_per_s", "first_chunk_p50_ms",
+                          "first_chunk_p95_ms", "peak_memory_bytes"}
+        assert r["lm_tokens_per_s"] > 0 and r["audio_seconds_per_s"] > 0 and r["peak_memory_bytes"] > 0
+        assert 0 <= r["first_chunk_p50_ms"] <= r["first_chunk_p95_ms"]
+    assert _calls(tmp_path).count("stream") == 1 + 1 + 3  # a warm-up request, then 1 and 3 at once
+
+
+def test_concurrency_table_and_bad_counts(capsys):
+    run, args = _fake(["--concurrency", "2"])
+    assert run(args) == 0
+    assert "one request at a time" in capsys.readouterr().out
+    with pytest.raises(InvalidRequest, match="positive counts"):
+        run(_fake(["--concurrency", "0,2"])[1])
+    with pytest.raises(SystemExit):
+        _fake(["--concurrency", "two"])
+
+
+def test_percentile():
+    assert bench._percentile([3.0, 1.0, 2.0, 4.0], 50) == pytest.approx(2.5)
+    assert bench._percentile([1.0, 2.0, 3.0, 4.0, 5.0], 95) == pytest.approx(4.8)
+    assert bench._percentile([7.0], 95) == 7.0

@@ -67,6 +67,60 @@ class SlowToneEngine(ToneEngine):
         return model
 
 
+class Gate:
+    """Holds the requests of 'gate' models until `open` is set; `entered` counts, and `texts` lists, those let in."""
+
+    def __init__(self) -> None:
+        self.open = threading.Event()
+        self.entered = threading.Semaphore(0)
+        self.texts: list[str] = []
+
+
+class GateToneModel(ToneModel):
+    """A tone model whose requests wait for the current Gate (one is made per test with new_gate)."""
+
+    gate = Gate()
+
+    def synthesize(self, request):
+        gate = GateToneModel.gate
+        gate.texts.append(request.text)
+        gate.entered.release()
+        assert gate.open.wait(30), "the test never opened the gate"
+        yield from super().synthesize(request)
+
+
+class GateToneEngine(ToneEngine):
+    """The tone engine for model dirs whose config says engine "gate"."""
+
+    name = "gate"
+    description = "tone engine whose requests wait for a test's event (server tests)"
+
+    def detect(self, model_dir: Path) -> bool:
+        try:
+            return json.loads((Path(model_dir) / CONFIG).read_text()).get("engine") == "gate"
+        except (OSError, ValueError):
+            return False
+
+    def load(self, model_dir: Path, options) -> GateToneModel:
+        base = super().load(model_dir, options)
+        return GateToneModel(base.config, base._m)
+
+
+def new_gate() -> Gate:
+    """A closed gate for the 'gate' models from now on."""
+    GateToneModel.gate = Gate()
+    return GateToneModel.gate
+
+
+def write_gate_model(path: Path) -> Path:
+    """A 'gate' model directory."""
+    write_model(path, hidden=16)
+    config = json.loads((path / CONFIG).read_text())
+    config["engine"] = "gate"
+    (path / CONFIG).write_text(json.dumps(config))
+    return path
+
+
 def write_slow_model(path: Path, delay: float, hidden: int = 16) -> Path:
     """A 'slow' model directory."""
     write_model(path, hidden=hidden)
@@ -82,6 +136,7 @@ def make_runtime(**budgets) -> Runtime:
     if "tone" not in rt.registry.names():
         rt.registry.add(ToneEngine)
     rt.registry.add(SlowToneEngine)
+    rt.registry.add(GateToneEngine)
     return rt
 
 
@@ -260,4 +315,4 @@ def h() -> SimpleNamespace:
                            job_threads=job_threads, wait_idle=wait_idle, resident_bytes=resident_bytes,
                            planned_memory=planned_memory,
                            start_server=start_server, make_runtime=make_runtime, write_slow_model=write_slow_model,
-                           write_model=write_model)
+                           write_model=write_model, write_gate_model=write_gate_model, new_gate=new_gate)

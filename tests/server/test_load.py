@@ -1,4 +1,4 @@
-"""A bounded load test on the shared server (max 8 concurrent): 16 mixed requests at once, then 50 cancelled streams.
+"""A bounded load test on the shared server (8 running, 32 queued): 16 mixed requests at once, then 50 cancelled streams.
 
 Both real engines take part: piper (its default voice) and CosyVoice (a fixture model cloning the
 fixture clip, inline and by a registered voice id), beside the toy tone engines.
@@ -84,15 +84,12 @@ def registered(client, h):
 
 
 def _check(out, h, cosy_expected) -> dict:
-    """Each answer is 200 with the full audio or 503 per policy; returns the successes per model."""
+    """Each answer is 200 with the full audio (the 8 past the running limit wait in the queue); successes per model."""
     assert len(out) == len(MIX)
     ok = {}
     for body, r in out:
         model, text, stream = body["model"], body["input"], body.get("stream_format")
-        assert r.status_code in (200, 503), (model, stream, r.status_code, r.text[:200])
-        if r.status_code == 503:
-            assert r.headers["retry-after"] and "limit" in r.json()["error"]["message"]
-            continue
+        assert r.status_code == 200, (model, stream, r.status_code, r.text[:200])
         pcm = _pcm(r, stream)
         samples = np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768
         seconds = len(samples) / int(r.headers["x-sample-rate"])
@@ -104,12 +101,12 @@ def _check(out, h, cosy_expected) -> dict:
         else:
             assert seconds == pytest.approx(h.tone_seconds(text)), (model, stream)
         ok[model] = ok.get(model, 0) + 1
-    assert sum(ok.values()) >= 8, ok  # at most 8 run at once, and each slot frees when its job ends
+    assert sum(ok.values()) == len(MIX), ok
     return ok
 
 
 def test_sixteen_concurrent_mixed(server, client, h, cosy_expected, registered):
-    """All 16 succeed or get 503 + Retry-After; successes carry the full audio; memory and jobs return to baseline.
+    """All 16 succeed (8 run, 8 wait in the queue) with the full audio; memory and jobs return to baseline.
 
     CosyVoice answers must equal the engine's own audio byte for byte (no crosstalk, nothing cut);
     piper's (unseedable) must be non-silent and of plausible length; the tone engines' exact.
@@ -120,11 +117,10 @@ def test_sixteen_concurrent_mixed(server, client, h, cosy_expected, registered):
     """
     for half, stream in itertools.product((0, 1), (False, True)):
         cosy_expected(COSY_TEXT, half, stream)
-    warm = _check(_round(server.url, h), h, cosy_expected)
+    _check(_round(server.url, h), h, cosy_expected)  # warm-up round
     h.wait_idle(client)
     planned, rss = h.planned_memory(client), h.resident_bytes()
-    ok = _check(_round(server.url, h), h, cosy_expected)
-    assert all(warm.get(m, 0) + ok.get(m, 0) for m in ("cosy", "piper")), (warm, ok)  # both engines answered
+    _check(_round(server.url, h), h, cosy_expected)
     h.wait_idle(client)
     assert h.planned_memory(client) == planned
     assert h.resident_bytes() - rss < 64 << 20

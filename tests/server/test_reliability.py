@@ -41,9 +41,9 @@ def _wait_for(condition, what: str, timeout: float = 10.0) -> None:
 
 @pytest.fixture
 def no_deadline(tmp_path, h):
-    """A server with one slow model (0.2 s per chunk), at most 2 jobs and no deadline."""
+    """A server with one slow model (0.2 s per chunk), at most 2 jobs, no queue and no deadline."""
     s = h.start_server({"slow": h.write_slow_model(tmp_path / "slow", 0.2)},
-                       ServerConfig(max_concurrent=2, request_timeout=None, load_options={"device": "cpu"}))
+                       ServerConfig(max_concurrent=2, max_queued=0, request_timeout=None, load_options={"device": "cpu"}))
     with httpx.Client(base_url=s.url, timeout=30) as c:
         yield c
     s.stop()

@@ -46,9 +46,9 @@ def _idle(state: ServerState, timeout: float = 10.0) -> None:
 
 @pytest.fixture
 def slow_server(h, tmp_path):
-    """One 'slow' tone model (0.2 s per chunk of 4 notes), at most one job at a time."""
+    """One 'slow' tone model (0.2 s per chunk of 4 notes), at most one job at a time and none queued."""
     port = free_port()
-    state = ServerState(h.make_runtime(), ServerConfig(max_concurrent=1, request_timeout=30),
+    state = ServerState(h.make_runtime(), ServerConfig(max_concurrent=1, max_queued=0, request_timeout=30),
                         {"slow": h.write_slow_model(tmp_path / "slow", 0.2)})
     with WyomingThread(WyomingServer(WyomingService(state), f"tcp://127.0.0.1:{port}")):
         yield port, state

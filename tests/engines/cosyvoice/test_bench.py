@@ -50,6 +50,20 @@ def test_bench_a_model_dir(capsys, tmp_path, model_dir):
     assert out["options"]["device"] == "cpu"
 
 
+@pytest.mark.parametrize("model_dir", V2_DIRS[:1], ids=[p.parent.name for p in V2_DIRS[:1]])
+def test_bench_concurrency_on_a_fixture_model(capsys, tmp_path, model_dir):
+    """`--concurrency 1,2 --threaded`: the rows the issue names, from the loaded model's own synthesizer."""
+    dest = assemble_model_dir(model_dir, tmp_path / "model")
+    out = _bench_json(capsys, ["-m", str(dest), "--tokens", "6", "--concurrency", "1,2", "--threaded"])
+    rows = out["concurrency"]
+    assert [r["concurrency"] for r in rows] == [1, 2] and out["thread"].startswith("one worker thread")
+    for r in rows:
+        assert r["lm_tokens_per_s"] > 0 and r["audio_seconds_per_s"] > 0 and r["peak_memory_bytes"] > 0
+        assert 0 < r["first_chunk_p50_ms"] <= r["first_chunk_p95_ms"]
+    # one request at a time: the second of two waits for the first, so its first chunk comes later
+    assert rows[1]["first_chunk_p95_ms"] > rows[0]["first_chunk_p50_ms"]
+
+
 @pytest.mark.parametrize("model_dir", QWEN_DIRS, ids=[p.parent.name for p in QWEN_DIRS])
 def test_driver_generates_exactly_the_token_count(tmp_path, model_dir):
     """Stop ids are suppressed: a run has exactly `tokens` speech tokens, whatever the weights."""

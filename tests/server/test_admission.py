@@ -1,0 +1,59 @@
+"""Admission (slots and the FIFO queue) and in_fresh_thread, in this process without a server."""
+
+import asyncio
+import threading
+
+import pytest
+
+from mizuoto.server.admission import Admission
+from mizuoto.server.jobs import in_fresh_thread
+
+
+def test_slots_then_queue_then_refusal_and_slots_pass_to_the_oldest_waiter():
+    a = Admission(limit=1, max_queued=2, timeout=None)
+    first, second, third = a.enter(), a.enter(), a.enter()
+    assert first.granted.is_set() and not second.granted.is_set() and not third.granted.is_set()
+    assert a.enter() is None and a.full() and a.queued == 2
+    assert not a.try_acquire()  # nobody overtakes the line
+    a.release()
+    assert second.granted.is_set() and not third.granted.is_set() and a.active == 1 and a.queued == 1
+    assert a.wait(second, threading.Event())
+    a.release()
+    a.release()
+    assert a.active == 0 and a.queued == 0 and a.try_acquire()
+
+
+def test_a_wait_ends_on_cancel_or_timeout_and_leaves_the_line():
+    a = Admission(limit=1, max_queued=2, timeout=0.2)
+    a.enter()
+    cancelled = threading.Event()
+    cancelled.set()
+    ticket = a.enter()
+    assert not a.wait(ticket, cancelled) and a.queued == 0
+    late = a.enter()
+    assert not a.wait(late, threading.Event()) and a.queued == 0  # the 0.2 s queue timeout
+    a.release()
+    assert a.active == 0
+
+
+def test_in_fresh_thread_returns_raises_and_ends_its_thread():
+    names = []
+
+    def work(x):
+        names.append(threading.current_thread().name)
+        return x * 2
+
+    def fail():
+        raise ValueError("boom")
+
+    async def run():
+        assert await in_fresh_thread(work, 21) == 42
+        with pytest.raises(ValueError, match="boom"):
+            await in_fresh_thread(fail)
+
+    asyncio.run(run())
+    assert names == ["mizuoto-compute"]
+    for t in threading.enumerate():
+        if t.name == "mizuoto-compute":
+            t.join(5)
+    assert not any(t.name == "mizuoto-compute" for t in threading.enumerate())
