@@ -19,7 +19,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 
 from mizuoto.errors import ResourceError
 from mizuoto.runtime.engine import VoicePrompt
