@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -12,6 +13,15 @@ from mizuoto.runtime.options import add_load_arguments, options_from_args
 
 # Subcommand name -> (help, setup(parser) -> run(args) -> exit code).
 COMMANDS: dict[str, tuple[str, Callable]] = {}
+
+
+def _delegated(module: str, add: str, run: str) -> Callable:
+    """The setup of a command whose flags and runner live in mizuoto.cli.<module> (imported when the parser is built)."""
+    def setup(p: argparse.ArgumentParser) -> Callable:
+        mod = importlib.import_module(f"mizuoto.cli.{module}")
+        getattr(mod, add)(p)
+        return getattr(mod, run)
+    return setup
 
 
 def command(name: str, help: str):
@@ -171,28 +181,16 @@ def write_wav(path: str | Path, chunks: Iterable) -> tuple[float, int, int]:
     return audio.numel() / rate, rate, len(pieces)
 
 
-@command("serve", "run the HTTP server (OpenAI-style /v1/audio/speech; needs mizuoto[server])")
-def _serve_setup(p: argparse.ArgumentParser) -> Callable:
-    from mizuoto.cli.serve import add_serve_arguments, run_serve
-
-    add_serve_arguments(p)
-    return run_serve
+command("serve", "run the HTTP server (OpenAI-style /v1/audio/speech; needs mizuoto[server])")(
+    _delegated("serve", "add_serve_arguments", "run_serve"))
 
 
-@command("ray-serve", "serve the HTTP API from Ray Serve replicas, models multiplexed per replica (needs mizuoto[ray])")
-def _ray_serve_setup(p: argparse.ArgumentParser) -> Callable:
-    from mizuoto.cli.ray_serve import add_ray_serve_arguments, run_ray_serve
-
-    add_ray_serve_arguments(p)
-    return run_ray_serve
+command("ray-serve", "serve the HTTP API from Ray Serve replicas, models multiplexed per replica (needs mizuoto[ray])")(
+    _delegated("ray_serve", "add_ray_serve_arguments", "run_ray_serve"))
 
 
-@command("wyoming", "run a Wyoming server for Home Assistant's voice pipeline (needs mizuoto[wyoming])")
-def _wyoming_setup(p: argparse.ArgumentParser) -> Callable:
-    from mizuoto.cli.wyoming import add_wyoming_arguments, run_wyoming
-
-    add_wyoming_arguments(p)
-    return run_wyoming
+command("wyoming", "run a Wyoming server for Home Assistant's voice pipeline (needs mizuoto[wyoming])")(
+    _delegated("wyoming", "add_wyoming_arguments", "run_wyoming"))
 
 
 @command("bench", "time each stage of a model on a fixed request (LM, flow, vocoder; --random builds one)")

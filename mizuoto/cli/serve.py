@@ -22,17 +22,12 @@ def _env(name: str, default: object = None) -> object:
     return os.environ.get(f"MIZUOTO_{name}", default)
 
 
-def add_serve_arguments(p: argparse.ArgumentParser) -> None:
-    """The serve flags, with defaults from the environment."""
-    p.add_argument("--host", default=_env("HOST", "127.0.0.1"), help="address to listen on [MIZUOTO_HOST]")
-    p.add_argument("--port", type=int, default=int(_env("PORT", 8000)), help="port [MIZUOTO_PORT]")
+def add_shared_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags every server command takes (serve, wyoming): models, budgets, load options, jobs and limits."""
     models = [m for m in str(_env("MODELS", "")).split(os.pathsep) if m]
     p.add_argument("-m", "--model", action="append", default=models, metavar="[NAME=]DIR|ORG/NAME",
                    help="model directory or Hugging Face repo id to serve, loaded at start (repeatable)"
                         " [MIZUOTO_MODELS, ':'-separated]")
-    roots = [m for m in str(_env("MODEL_ROOTS", "")).split(os.pathsep) if m]
-    p.add_argument("--model-root", action="append", default=roots, metavar="DIR",
-                   help="folder whose model directories POST /v1/models/load may load [MIZUOTO_MODEL_ROOTS]")
     p.add_argument("--vram", default=_env("VRAM"), help="device memory budget, e.g. 6GiB [MIZUOTO_VRAM]")
     p.add_argument("--ram", default=_env("RAM"), help="host memory budget, e.g. 16GiB [MIZUOTO_RAM]")
     add_load_arguments(p, os.environ)
@@ -41,16 +36,42 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="synthesis jobs running at once (--max-concurrent is the old name); more wait in the queue"
                         " [MIZUOTO_MAX_BATCH, or MIZUOTO_MAX_CONCURRENT]")
     p.add_argument("--max-queued", type=int, default=int(_env("MAX_QUEUED", 32)),
-                   help="jobs that may wait for a slot (first come, first served); more get 503 + Retry-After"
+                   help="jobs that may wait for a slot (first come, first served); more are refused"
                         " [MIZUOTO_MAX_QUEUED]")
     p.add_argument("--queue-timeout", type=float, default=float(_env("QUEUE_TIMEOUT", 120)),
-                   help="seconds a job may wait in the queue before it gets 503 (0: no limit) [MIZUOTO_QUEUE_TIMEOUT]")
+                   help="seconds a job may wait in the queue before it is refused (0: no limit) [MIZUOTO_QUEUE_TIMEOUT]")
     p.add_argument("--request-timeout", type=float, default=float(_env("REQUEST_TIMEOUT", 300)),
                    help="seconds a request may run before it is cancelled (0: none) [MIZUOTO_REQUEST_TIMEOUT]")
     p.add_argument("--max-input-chars", type=int, default=int(_env("MAX_INPUT_CHARS", 4096)),
                    help="longest input text [MIZUOTO_MAX_INPUT_CHARS]")
     p.add_argument("--shutdown-timeout", type=float, default=float(_env("SHUTDOWN_TIMEOUT", 10)),
                    help="seconds in-flight requests get to finish on shutdown [MIZUOTO_SHUTDOWN_TIMEOUT]")
+    p.add_argument("--log-level", default=_env("LOG_LEVEL", "info"), help="log level [MIZUOTO_LOG_LEVEL]")
+
+
+def shared_config(args: argparse.Namespace) -> dict:
+    """ServerConfig fields of the shared flags, checked (an unavailable device fails here, in one line)."""
+    from mizuoto.errors import InvalidRequest
+
+    if args.max_batch < 1:
+        raise InvalidRequest(f"--max-batch (--max-concurrent) must be at least 1, got {args.max_batch}")
+    if args.max_queued < 0 or args.queue_timeout < 0:
+        raise InvalidRequest("--max-queued and --queue-timeout must not be negative")
+    options = options_from_args(args)
+    options.resolved()
+    return {"max_concurrent": args.max_batch, "max_queued": args.max_queued, "queue_timeout": args.queue_timeout or None,
+            "request_timeout": args.request_timeout or None, "max_input_chars": args.max_input_chars,
+            "load_options": options.as_dict()}
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    """The serve flags, with defaults from the environment."""
+    p.add_argument("--host", default=_env("HOST", "127.0.0.1"), help="address to listen on [MIZUOTO_HOST]")
+    p.add_argument("--port", type=int, default=int(_env("PORT", 8000)), help="port [MIZUOTO_PORT]")
+    roots = [m for m in str(_env("MODEL_ROOTS", "")).split(os.pathsep) if m]
+    p.add_argument("--model-root", action="append", default=roots, metavar="DIR",
+                   help="folder whose model directories POST /v1/models/load may load [MIZUOTO_MODEL_ROOTS]")
+    add_shared_arguments(p)
     p.add_argument("--api-key", default=_env("API_KEY"),
                    help="require `Authorization: Bearer KEY` on /v1/* (/health, /ready, /metrics stay open) [MIZUOTO_API_KEY]")
     p.add_argument("--admin-key", default=_env("ADMIN_KEY"),
@@ -62,7 +83,6 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds a request body or WebSocket session may stay silent [MIZUOTO_IDLE_TIMEOUT]")
     p.add_argument("--drain-seconds", type=float, default=float(_env("DRAIN_SECONDS", 2)),
                    help="on SIGTERM, seconds /ready answers 503 before the listener closes [MIZUOTO_DRAIN_SECONDS]")
-    p.add_argument("--log-level", default=_env("LOG_LEVEL", "info"), help="uvicorn log level [MIZUOTO_LOG_LEVEL]")
 
 
 def add_serve_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -105,20 +125,11 @@ def run_serve(args: argparse.Namespace) -> int:
     from mizuoto.server.launch import Server, config
     from mizuoto.server.state import ServerConfig
 
-    if args.max_batch < 1:
-        raise InvalidRequest(f"--max-batch (--max-concurrent) must be at least 1, got {args.max_batch}")
-    if args.max_queued < 0 or args.queue_timeout < 0:
-        raise InvalidRequest("--max-queued and --queue-timeout must not be negative")
-    options = options_from_args(args)
-    options.resolved()  # an unavailable device fails here, in one line, not at the first load
+    shared = shared_config(args)
     for flag in ("header_timeout", "idle_timeout"):
         if getattr(args, flag) <= 0:
             raise InvalidRequest(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
-    server_config = ServerConfig(max_concurrent=args.max_batch, max_queued=args.max_queued,
-                                 queue_timeout=args.queue_timeout or None,
-                                 request_timeout=args.request_timeout or None,
-                                 max_input_chars=args.max_input_chars, load_options=options.as_dict(),
-                                 model_roots=tuple(Path(r) for r in args.model_root),
+    server_config = ServerConfig(**shared, model_roots=tuple(Path(r) for r in args.model_root),
                                  api_key=args.api_key or None, admin_key=args.admin_key or None,
                                  header_timeout=args.header_timeout, idle_timeout=args.idle_timeout,
                                  drain_seconds=max(0.0, args.drain_seconds))

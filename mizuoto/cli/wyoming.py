@@ -14,8 +14,7 @@ import re
 import signal
 from pathlib import Path
 
-from mizuoto.cli.serve import _env, _models
-from mizuoto.runtime.options import add_load_arguments, options_from_args
+from mizuoto.cli.serve import _env, _models, add_shared_arguments, shared_config
 
 HELP = "run a Wyoming server for Home Assistant's voice pipeline (needs mizuoto[wyoming])"
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -25,10 +24,6 @@ def add_wyoming_arguments(p: argparse.ArgumentParser) -> None:
     """The wyoming flags, with defaults from the environment."""
     p.add_argument("--uri", default=_env("WYOMING_URI", "tcp://127.0.0.1:10200"),
                    help="where to listen: tcp://HOST:PORT or unix://PATH [MIZUOTO_WYOMING_URI]")
-    models = [m for m in str(_env("MODELS", "")).split(os.pathsep) if m]
-    p.add_argument("-m", "--model", action="append", default=models, metavar="[NAME=]DIR|ORG/NAME",
-                   help="model directory or Hugging Face repo id to serve, loaded at start (repeatable)"
-                        " [MIZUOTO_MODELS, ':'-separated]")
     voices = [v for v in str(_env("VOICES", "")).split(os.pathsep) if v]
     p.add_argument("--voice", action="append", default=voices, metavar="ID=CLIP",
                    help="a voice to clone from a reference clip, offered by every model that clones; its transcript"
@@ -36,18 +31,7 @@ def add_wyoming_arguments(p: argparse.ArgumentParser) -> None:
     seed = _env("SEED")
     p.add_argument("--seed", type=int, default=None if seed is None else int(seed),
                    help="seed every request: the same text gives the same audio [MIZUOTO_SEED]")
-    p.add_argument("--vram", default=_env("VRAM"), help="device memory budget, e.g. 6GiB [MIZUOTO_VRAM]")
-    p.add_argument("--ram", default=_env("RAM"), help="host memory budget, e.g. 16GiB [MIZUOTO_RAM]")
-    add_load_arguments(p, os.environ)
-    p.add_argument("--max-concurrent", type=int, default=int(_env("MAX_CONCURRENT", 4)),
-                   help="synthesis jobs at once; more get an error event [MIZUOTO_MAX_CONCURRENT]")
-    p.add_argument("--request-timeout", type=float, default=float(_env("REQUEST_TIMEOUT", 300)),
-                   help="seconds a request may run before it is cancelled (0: none) [MIZUOTO_REQUEST_TIMEOUT]")
-    p.add_argument("--max-input-chars", type=int, default=int(_env("MAX_INPUT_CHARS", 4096)),
-                   help="longest text of one request [MIZUOTO_MAX_INPUT_CHARS]")
-    p.add_argument("--shutdown-timeout", type=float, default=float(_env("SHUTDOWN_TIMEOUT", 10)),
-                   help="seconds running jobs get to stop on shutdown [MIZUOTO_SHUTDOWN_TIMEOUT]")
-    p.add_argument("--log-level", default=_env("LOG_LEVEL", "info"), help="log level [MIZUOTO_LOG_LEVEL]")
+    add_shared_arguments(p)
 
 
 def _register_voices(state, specs: list[str]) -> None:
@@ -98,18 +82,14 @@ def run_wyoming(args: argparse.Namespace) -> int:
     from mizuoto.server.state import ServerConfig, ServerState
     from mizuoto.server.wyoming import WyomingServer, WyomingService
 
-    if args.max_concurrent < 1:
-        raise InvalidRequest(f"--max-concurrent must be at least 1, got {args.max_concurrent}")
     if args.seed is not None and args.seed < 0:
         raise InvalidRequest(f"--seed must be a non-negative integer, got {args.seed}")
     logging.basicConfig(level=str(args.log_level).upper(), format="mizuoto wyoming: %(message)s")
-    options = options_from_args(args)
-    options.resolved()  # an unavailable device fails here, in one line, not at the first load
+    shared = shared_config(args)
     models = _models(args.model)
     if not models:
         raise InvalidRequest("give at least one model to serve: -m [NAME=]DIR")
-    config = ServerConfig(max_concurrent=args.max_concurrent, request_timeout=args.request_timeout or None,
-                          max_input_chars=args.max_input_chars, load_options=options.as_dict())
+    config = ServerConfig(**shared)
     state = ServerState(Runtime(vram=args.vram, ram=args.ram), config, models)
     _register_voices(state, args.voice)
     server = WyomingServer(WyomingService(state, args.seed), args.uri)

@@ -48,23 +48,35 @@ class SlowToneModel(ToneModel):
             yield chunk
 
 
-class SlowToneEngine(ToneEngine):
-    """The tone engine for model dirs whose config says engine "slow"; `delay` comes from the config."""
+def tone_engine(kind: str, model_cls: type, description: str) -> type:
+    """A tone engine for model dirs whose config says engine `kind`, loading `model_cls` (`delay` from the config)."""
+    class KindToneEngine(ToneEngine):
+        def detect(self, model_dir: Path) -> bool:
+            try:
+                return json.loads((Path(model_dir) / CONFIG).read_text()).get("engine") == kind
+            except (OSError, ValueError):
+                return False
 
-    name = "slow"
-    description = "tone engine that takes its time (server tests)"
+        def load(self, model_dir: Path, options) -> ToneModel:
+            base = super().load(model_dir, options)
+            model = model_cls(base.config, base._m)
+            if hasattr(model, "delay"):
+                model.delay = float(base.config.get("delay", 0.0))
+            return model
+    KindToneEngine.name, KindToneEngine.description = kind, description
+    return KindToneEngine
 
-    def detect(self, model_dir: Path) -> bool:
-        try:
-            return json.loads((Path(model_dir) / CONFIG).read_text()).get("engine") == "slow"
-        except (OSError, ValueError):
-            return False
 
-    def load(self, model_dir: Path, options) -> SlowToneModel:
-        base = super().load(model_dir, options)
-        model = SlowToneModel(base.config, base._m)
-        model.delay = float(base.config.get("delay", 0.0))
-        return model
+def write_tone_model(path: Path, kind: str, hidden: int = 16, **config) -> Path:
+    """A tone model directory whose config names engine `kind` (and any more settings, e.g. delay)."""
+    write_model(path, hidden=hidden)
+    data = json.loads((path / CONFIG).read_text())
+    data.update(engine=kind, **config)
+    (path / CONFIG).write_text(json.dumps(data))
+    return path
+
+
+SlowToneEngine = tone_engine("slow", SlowToneModel, "tone engine that takes its time (server tests)")
 
 
 class Gate:
@@ -89,21 +101,7 @@ class GateToneModel(ToneModel):
         yield from super().synthesize(request)
 
 
-class GateToneEngine(ToneEngine):
-    """The tone engine for model dirs whose config says engine "gate"."""
-
-    name = "gate"
-    description = "tone engine whose requests wait for a test's event (server tests)"
-
-    def detect(self, model_dir: Path) -> bool:
-        try:
-            return json.loads((Path(model_dir) / CONFIG).read_text()).get("engine") == "gate"
-        except (OSError, ValueError):
-            return False
-
-    def load(self, model_dir: Path, options) -> GateToneModel:
-        base = super().load(model_dir, options)
-        return GateToneModel(base.config, base._m)
+GateToneEngine = tone_engine("gate", GateToneModel, "tone engine whose requests wait for a test's event (server tests)")
 
 
 def new_gate() -> Gate:
@@ -114,20 +112,12 @@ def new_gate() -> Gate:
 
 def write_gate_model(path: Path) -> Path:
     """A 'gate' model directory."""
-    write_model(path, hidden=16)
-    config = json.loads((path / CONFIG).read_text())
-    config["engine"] = "gate"
-    (path / CONFIG).write_text(json.dumps(config))
-    return path
+    return write_tone_model(path, "gate")
 
 
 def write_slow_model(path: Path, delay: float, hidden: int = 16) -> Path:
     """A 'slow' model directory."""
-    write_model(path, hidden=hidden)
-    config = json.loads((path / CONFIG).read_text())
-    config.update(engine="slow", delay=delay)
-    (path / CONFIG).write_text(json.dumps(config))
-    return path
+    return write_tone_model(path, "slow", hidden, delay=delay)
 
 
 def make_runtime(**budgets) -> Runtime:
@@ -315,4 +305,5 @@ def h() -> SimpleNamespace:
                            job_threads=job_threads, wait_idle=wait_idle, resident_bytes=resident_bytes,
                            planned_memory=planned_memory,
                            start_server=start_server, make_runtime=make_runtime, write_slow_model=write_slow_model,
-                           write_model=write_model, write_gate_model=write_gate_model, new_gate=new_gate)
+                           write_model=write_model, write_gate_model=write_gate_model, new_gate=new_gate,
+                           tone_engine=tone_engine, write_tone_model=write_tone_model)

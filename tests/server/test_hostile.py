@@ -12,7 +12,6 @@ import json
 import socket
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -25,7 +24,7 @@ from mizuoto.runtime.engine import AudioChunk
 from mizuoto.server.app import create_app
 from mizuoto.server.launch import ServerThread
 from mizuoto.server.state import ServerConfig
-from mizuoto.testing.toy import CONFIG, ToneEngine, ToneModel, write_model
+from mizuoto.testing.toy import ToneModel
 
 API_KEY, ADMIN_KEY = "api-key-for-tests", "admin-key-for-tests"
 USER = {"Authorization": f"Bearer {API_KEY}"}
@@ -56,38 +55,15 @@ class StepToneModel(ToneModel):
         yield from super().synthesize(request)
 
 
-def _engine(kind: str, model_cls: type) -> type:
-    class Engine(ToneEngine):
-        name = kind
-
-        def detect(self, model_dir: Path) -> bool:
-            try:
-                return json.loads((Path(model_dir) / CONFIG).read_text()).get("engine") == kind
-            except (OSError, ValueError):
-                return False
-
-        def load(self, model_dir: Path, options):
-            base = super().load(model_dir, options)
-            return model_cls(base.config, base._m)
-    return Engine
-
-
-def _model(path: Path, kind: str) -> Path:
-    write_model(path)
-    config = json.loads((path / CONFIG).read_text())
-    (path / CONFIG).write_text(json.dumps({**config, "engine": kind}))
-    return path
-
-
 @pytest.fixture(scope="module")
 def hostile(tmp_path_factory, h, served_dirs):
     """A server with keys, short timeouts and two job slots, over tone, NaN, stepping and CosyVoice models."""
     root = tmp_path_factory.mktemp("hostile")
     rt = h.make_runtime()
-    rt.registry.add(_engine("nan", NanToneModel))
-    rt.registry.add(_engine("steps", StepToneModel))
-    models = {"tone": h.write_model(root / "tone"), "nan": _model(root / "nan", "nan"),
-              "steps": _model(root / "steps", "steps"), "cosy": served_dirs["cosy"]}
+    rt.registry.add(h.tone_engine("nan", NanToneModel, "tone engine whose audio is NaN"))
+    rt.registry.add(h.tone_engine("steps", StepToneModel, "tone engine with one use() step per character"))
+    models = {"tone": h.write_model(root / "tone"), "nan": h.write_tone_model(root / "nan", "nan"),
+              "steps": h.write_tone_model(root / "steps", "steps"), "cosy": served_dirs["cosy"]}
     config = ServerConfig(max_concurrent=2, request_timeout=60.0, api_key=API_KEY, admin_key=ADMIN_KEY,
                           header_timeout=TIMEOUT, idle_timeout=TIMEOUT, drain_seconds=0.0)
     server = ServerThread(create_app(rt, config, models)).start()

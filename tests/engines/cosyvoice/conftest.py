@@ -115,3 +115,19 @@ def upstream_chunk_count(version: int, tokens: int, flow: dict, prompt_tokens: i
 def upstream_chunks():
     """upstream_chunk_count: how many chunks upstream streams for a segment's speech tokens."""
     return upstream_chunk_count
+
+
+@pytest.fixture
+def record_tokens(monkeypatch):
+    """record_tokens(model) -> a list that each request's final speech tokens are appended to (on_tokens)."""
+    def record(model) -> list[list[int]]:
+        seen: list[list[int]] = []
+        make = model.synthesizer
+
+        def synthesizer(with_lm: bool = True, **lm_options):
+            synth = make(with_lm, **lm_options)
+            synth.on_tokens = seen.append
+            return synth
+        monkeypatch.setattr(model, "synthesizer", synthesizer)
+        return seen
+    return record

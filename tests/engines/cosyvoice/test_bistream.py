@@ -32,20 +32,7 @@ class Pieces:
             yield word + " "
 
 
-def _record_tokens(model, monkeypatch) -> list[list[int]]:
-    """Every request's final speech-token list, via the synthesizer's on_tokens observer."""
-    seen: list[list[int]] = []
-    make = model.synthesizer
-
-    def synthesizer(with_lm: bool = True):
-        synth = make(with_lm)
-        synth.on_tokens = seen.append
-        return synth
-    monkeypatch.setattr(model, "synthesizer", synthesizer)
-    return seen
-
-
-def test_audio_arrives_while_text_is_read(runtime, bistream_dir, clip, monkeypatch, upstream_chunks):
+def test_audio_arrives_while_text_is_read(runtime, bistream_dir, clip, monkeypatch, upstream_chunks, record_tokens):
     """The first chunk is handed out as soon as the LM has spoken the first hop, text still unread.
 
     When that is depends on the LM (a random-weight one may draw the fill token early), so it is
@@ -54,7 +41,7 @@ def test_audio_arrives_while_text_is_read(runtime, bistream_dir, clip, monkeypat
     rt, names = runtime
     name = names[bistream_dir]
     model = rt.model(name)
-    tokens = _record_tokens(model, monkeypatch)
+    tokens = record_tokens(model)
     read_when_spoken: list[int] = []
     pieces = None
     bistream = model.llm.generate_bistream

@@ -151,20 +151,13 @@ def test_cached_voice_reuses_the_prompt_without_the_front_end(runtime, variant_d
     assert torch.equal(by_id, by_ref), "a cached voice must speak exactly as its reference"
 
 
-def test_streaming_out(runtime, variant_dir, clip, monkeypatch, upstream_chunks):
+def test_streaming_out(runtime, variant_dir, clip, upstream_chunks, record_tokens):
     """A long sentence streams as upstream would chunk the tokens the LM spoke (read from the run:
     a random-weight LM may stop early on a stop id, so how many chunks is not assumed)."""
     rt, names = runtime
     name = names[variant_dir]
     model = rt.model(name)
-    spoken: list[list[int]] = []
-    make = model.synthesizer
-
-    def synthesizer(with_lm: bool = True):
-        synth = make(with_lm)
-        synth.on_tokens = spoken.append
-        return synth
-    monkeypatch.setattr(model, "synthesizer", synthesizer)
+    spoken = record_tokens(model)
     words = " ".join(["one two three four five six seven eight nine ten"] * 7) + "."
     request = SynthesisRequest(words, voice=Reference(str(clip), REF_TEXT), seed=11, stream=True)
     with stages_run(model) as ran:
