@@ -1,4 +1,4 @@
-"""The features stage gives upstream's speech tokens exactly and its CAM++ embeddings within 6e-6."""
+"""The features stage gives upstream's speech tokens exactly and its CAM++ embeddings within 6e-6 of their scale."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ from mizuoto.engines.cosyvoice.variants import find_variant, load_config
 
 from mizuoto.testing.train_cases import train_versions
 
-# The spec's bound: max |ours - onnxruntime| over max |onnxruntime|, per embedding, the measure
-# tests/nn/speaker/test_campplus.py reports for the same block (its clips reach 5.4e-6).
+# Issue 13 asks 6e-6 max abs; measured here: 2.4e-5 max abs, 6e-6 relative to each embedding's max
+# (the measure tests/nn/speaker/test_campplus.py uses for the same block, whose clips reach 5.4e-6).
+# This checks the relative figure; the absolute bound waits on CAM++ itself getting closer to
+# onnxruntime (issue 13 stays open for it).
 EMBEDDING_REL = 6e-6
 
 
