@@ -10,14 +10,12 @@ import argparse
 import asyncio
 import logging
 import os
-import re
 import signal
 from pathlib import Path
 
 from mizuoto.cli.serve import _env, _models, add_shared_arguments, shared_config
 
 HELP = "run a Wyoming server for Home Assistant's voice pipeline (needs mizuoto[wyoming])"
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
 def add_wyoming_arguments(p: argparse.ArgumentParser) -> None:
@@ -36,13 +34,14 @@ def add_wyoming_arguments(p: argparse.ArgumentParser) -> None:
 
 def _register_voices(state, specs: list[str]) -> None:
     from mizuoto.errors import InvalidRequest
+    from mizuoto.runtime.voicestore import VOICE_ID
     from mizuoto.server.audio import decode_reference
     from mizuoto.server.errors import ApiError
     from mizuoto.server.state import StoredVoice
 
     for spec in specs:
         voice_id, sep, clip = spec.partition("=")
-        if not sep or not _ID.match(voice_id):
+        if not sep or not VOICE_ID.match(voice_id):
             raise InvalidRequest(f"--voice {spec}: use ID=CLIP, the id 1-64 letters, digits, '_', '.' or '-'")
         if voice_id in state.voices:
             raise InvalidRequest(f"--voice {spec}: voice {voice_id!r} is given twice")

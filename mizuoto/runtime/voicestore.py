@@ -19,14 +19,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-
 from mizuoto.errors import ResourceError
 from mizuoto.runtime.engine import VoicePrompt
 
 FORMAT = 1
 PROMPT_FILE = "prompt.safetensors"
 META_FILE = "voice.json"
-_SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# A voice id a client registers: safe as a file name, in headers and in logs (other ids are hex-encoded on disk).
+VOICE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _EDGE = 1 << 20  # bytes hashed at each end of a model file
 _MAX_FILES = 4096
 
@@ -81,7 +81,7 @@ def fingerprint(model_dir: str | Path) -> str:
 
 def _slug(voice_id: str) -> str:
     """A file name for a voice id: the id itself when it is plain, else its hex."""
-    return voice_id if _SAFE.match(voice_id) else "~" + voice_id.encode().hex()[:120]
+    return voice_id if VOICE_ID.match(voice_id) else "~" + voice_id.encode().hex()[:120]
 
 
 class VoiceStore:

@@ -10,15 +10,13 @@ from __future__ import annotations
 import email.message
 import email.parser
 import email.policy
-import re
 
 from mizuoto.errors import InvalidRequest, MizuotoError
+from mizuoto.runtime.voicestore import VOICE_ID
 from mizuoto.server.audio import decode_base64, decode_reference
 from mizuoto.server.errors import ApiError, from_exception
 from mizuoto.server.state import ServerState, StoredVoice
 from mizuoto.server.validation import name_field, parse_json, text_field
-
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
 def parse_multipart(body: bytes, content_type: str, max_parts: int = 16) -> tuple[dict[str, str], dict[str, bytes]]:
@@ -64,7 +62,7 @@ def register(state: ServerState, body: bytes, content_type: str) -> dict:
         raw = text_field(fields, "audio", required=True)
         audio, param = decode_base64(raw, "audio"), "audio"
     voice_id = text_field({"id": fields.get("id", fields.get("name"))}, "id", required=True)  # "name" as an alias
-    if not _ID.match(voice_id):
+    if not VOICE_ID.match(voice_id):
         raise ApiError(400, f"voice id {voice_id!r} must be 1-64 letters, digits, '_', '.' or '-'", "id")
     text = text_field(fields, "text", limit=state.config.max_input_chars)
     model = name_field({"model": fields.get("model") or None}, "model")

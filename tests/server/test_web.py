@@ -49,6 +49,16 @@ def _open(browser, server) -> None:
     assert browser.find_element(By.ID, "status").text == "ready", browser.find_element(By.ID, "error").text
 
 
+def _speak(browser, text: str) -> dict:
+    """Type `text`, press Speak, wait until it is done (failing with the page's error), return the page's stats."""
+    box = browser.find_element(By.ID, "text")
+    box.clear()
+    box.send_keys(text)
+    browser.find_element(By.ID, "speak").click()
+    assert _settled(browser) == "done", browser.find_element(By.ID, "error").text
+    return browser.execute_script("return window.mizuotoStats")
+
+
 def _settled(browser) -> str:
     """Wait until a synthesis is done or failed; returns the status."""
     WebDriverWait(browser, WAIT).until(lambda d: d.find_element(By.ID, "status").text in ("done", "failed"))
@@ -71,12 +81,7 @@ def test_piper_synthesis_plays_audio(browser, server):
     _open(browser, server)
     Select(browser.find_element(By.ID, "model")).select_by_value("piper")
     WebDriverWait(browser, WAIT).until(lambda d: "piper" in d.find_element(By.ID, "model-info").text)
-    text = browser.find_element(By.ID, "text")
-    text.clear()
-    text.send_keys("The browser plays this sentence. And then this one.")
-    browser.find_element(By.ID, "speak").click()
-    assert _settled(browser) == "done", browser.find_element(By.ID, "error").text
-    stats = browser.execute_script("return window.mizuotoStats")
+    stats = _speak(browser, "The browser plays this sentence. And then this one.")
     assert stats["rate"] == 22050 and stats["seconds"] > 1.0 and stats["rms"] > 0.01, stats
     assert stats["playedPeak"] > 0.05, f"the audio did not play out loud: {stats}"
     assert stats["firstChunkMs"] > 0 and stats["rtf"] > 0
@@ -129,12 +134,7 @@ def test_save_a_clip_as_a_voice_and_speak_with_it(browser, server, h, tmp_path):
         assert Select(browser.find_element(By.ID, "voice")).first_selected_option.get_attribute("value") \
             == "web-test-voice"
         browser.find_element(By.ID, "seed").send_keys("5")
-        text = browser.find_element(By.ID, "text")
-        text.clear()
-        text.send_keys("A saved voice speaks in the browser.")
-        browser.find_element(By.ID, "speak").click()
-        assert _settled(browser) == "done", browser.find_element(By.ID, "error").text
-        stats = browser.execute_script("return window.mizuotoStats")
+        stats = _speak(browser, "A saved voice speaks in the browser.")
         assert stats["rate"] == 24000 and stats["seconds"] > 0 and stats["rms"] > 0, stats
     finally:
         httpx.delete(server.url + "/v1/audio/voices/web-test-voice", timeout=10)
