@@ -108,7 +108,9 @@ class ServerThread:
         return self
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Graceful shutdown, then wait for the thread."""
+        """Graceful shutdown, then wait for the thread (a drain still counting down is cut short)."""
+        if self.server._drain is not None:
+            self.server._drain.cancel()
         self.server.should_exit = True
         self.thread.join(timeout)
 
