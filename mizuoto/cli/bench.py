@@ -118,7 +118,9 @@ def add_bench_command(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _options(args: argparse.Namespace) -> LoadOptions:
-    return options_from_args(args).resolved()
+    # the sweep measures the LM batched at its widest level, unless --option compute.batch says otherwise
+    levels = getattr(args, "concurrency", None)
+    return options_from_args(args, {"compute.batch": max(levels)} if levels else None).resolved()
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -150,6 +152,7 @@ def run_bench(args: argparse.Namespace) -> int:
                     result["threaded"] = in_thread(lambda: benchmark(driver, settings, args.bandwidth))
                 if getattr(args, "concurrency", None):
                     result["concurrency"] = concurrency_sweep(driver, settings, args.concurrency)
+                    result["batch_width"] = getattr(driver, "batch_width", 1)
             except torch.OutOfMemoryError as exc:
                 raise MizuotoError(f"bench: out of memory on {driver.device}: {exc}") from None
             return result
@@ -170,7 +173,7 @@ def _text(result: dict[str, Any]) -> str:
         text += (f"\nthreaded LM   {worker:.2f} ms/token in a worker thread vs {main:.2f} in the main thread"
                  f" ({worker / main:.2f}x); RTF {result['threaded']['rtf']:.3f}")
     if "concurrency" in result:
-        text += "\n\n" + format_concurrency(result["concurrency"])
+        text += "\n\n" + format_concurrency(result["concurrency"], result["batch_width"])
     return text
 
 

@@ -31,10 +31,12 @@ def add_shared_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vram", default=_env("VRAM"), help="device memory budget, e.g. 6GiB [MIZUOTO_VRAM]")
     p.add_argument("--ram", default=_env("RAM"), help="host memory budget, e.g. 16GiB [MIZUOTO_RAM]")
     add_load_arguments(p, os.environ)
-    p.add_argument("--max-batch", "--max-concurrent", dest="max_batch", type=int,
-                   default=int(_env("MAX_BATCH", _env("MAX_CONCURRENT", 4))),
-                   help="synthesis jobs running at once (--max-concurrent is the old name); more wait in the queue"
-                        " [MIZUOTO_MAX_BATCH, or MIZUOTO_MAX_CONCURRENT]")
+    p.add_argument("--max-concurrent", type=int, default=_env("MAX_CONCURRENT"),
+                   help="synthesis jobs running at once, over all models; more wait in the queue"
+                        " (default: 4, or --max-batch if larger) [MIZUOTO_MAX_CONCURRENT]")
+    p.add_argument("--max-batch", type=int, default=int(_env("MAX_BATCH", 1)),
+                   help="LM batch width of each model (load option compute.batch): up to this many requests to one"
+                        " model share its LM steps; 1 runs them one at a time, upstream's exact path [MIZUOTO_MAX_BATCH]")
     p.add_argument("--max-queued", type=int, default=int(_env("MAX_QUEUED", 32)),
                    help="jobs that may wait for a slot (first come, first served); more are refused"
                         " [MIZUOTO_MAX_QUEUED]")
@@ -53,13 +55,14 @@ def shared_config(args: argparse.Namespace) -> dict:
     """ServerConfig fields of the shared flags, checked (an unavailable device fails here, in one line)."""
     from mizuoto.errors import InvalidRequest
 
-    if args.max_batch < 1:
-        raise InvalidRequest(f"--max-batch (--max-concurrent) must be at least 1, got {args.max_batch}")
+    concurrent = int(args.max_concurrent) if args.max_concurrent is not None else max(4, args.max_batch)
+    if args.max_batch < 1 or concurrent < 1:
+        raise InvalidRequest(f"--max-batch and --max-concurrent must be at least 1, got {args.max_batch} and {concurrent}")
     if args.max_queued < 0 or args.queue_timeout < 0:
         raise InvalidRequest("--max-queued and --queue-timeout must not be negative")
-    options = options_from_args(args)
+    options = options_from_args(args, {"compute.batch": args.max_batch})  # an explicit --option wins
     options.resolved()
-    return {"max_concurrent": args.max_batch, "max_queued": args.max_queued, "queue_timeout": args.queue_timeout or None,
+    return {"max_concurrent": concurrent, "max_queued": args.max_queued, "queue_timeout": args.queue_timeout or None,
             "request_timeout": args.request_timeout or None, "max_input_chars": args.max_input_chars,
             "load_options": options.as_dict()}
 

@@ -36,6 +36,8 @@ class ModelInfo:
     state: str  # "device" (active) | "host" (offloaded)
     strategy: str  # "resident" | "turns"
     capabilities: Capabilities
+    batch_width: int = 1  # requests it runs at once (compute.batch, where its engine batches)
+    running: int = 0  # requests running on it now
 
 
 @dataclass(frozen=True)
@@ -217,7 +219,7 @@ class Runtime:
         m = self._get(model)
         return ModelInfo(m.name, m.engine, m.variant, m.path, m.options.device,
                          self._pool(m.options.device).state(m.name) or "host", m.plan.strategy,
-                         m.model.capabilities)
+                         m.model.capabilities, m.model.batch_width, m.scheduler.running)
 
     def model(self, model: str) -> Model:
         """The engine's Model object of a loaded model (its stages, capabilities)."""
@@ -294,12 +296,12 @@ class Runtime:
                          tuple(n for n in held if pool.state(n) == "device"),
                          tuple(n for n in held if pool.state(n) == "host"))
 
-    def _admit(self, loaded: _Loaded, plan: Plan) -> list[Eviction]:
-        """Make room on the device for `plan` (evicting idle LRU models) and apply it."""
+    def _admit(self, loaded: _Loaded, plan: Plan, others: int = 0) -> list[Eviction]:
+        """Make room on the device for `plan` (+ `others`: what requests already running hold) and apply it."""
         with self._lock:
-            busy = {n for n, m in self._models.items() if m.scheduler.busy}
-            evictions = self._pool(loaded.options.device).admit(loaded.name, plan.peak, plan.fixed, plan.movable,
-                                                                plan.waiting, busy)
+            busy = {n for n, m in self._models.items() if m.scheduler.busy and m is not loaded}
+            evictions = self._pool(loaded.options.device).admit(loaded.name, plan.peak + others, plan.fixed,
+                                                                plan.movable, plan.waiting, busy)
             for ev in evictions:
                 victim = self._models[ev.model]
                 if ev.action == "offload":
@@ -339,7 +341,7 @@ class Runtime:
 
     def _stream(self, loaded: _Loaded, plan: Plan, request: SynthesisRequest,
                 cancel: threading.Event | None) -> Iterator[AudioChunk]:
-        with self._turn(loaded, plan):
+        with self._turn(loaded, plan, request):
             yield from loaded.scheduler.execute(request, cancel)
 
     def add_voice(self, model: str, voice_id: str, ref_audio: Any, ref_text: str | None = None,
@@ -412,12 +414,21 @@ class Runtime:
             raise InvalidRequest(why)
 
     @contextlib.contextmanager
-    def _turn(self, loaded: _Loaded, plan: Plan) -> Iterator[None]:
-        """Hold the model, make room for `plan` and apply it."""
-        with loaded.scheduler.hold(f"model {loaded.name}"):
+    def _turn(self, loaded: _Loaded, plan: Plan, request: SynthesisRequest | None = None) -> Iterator[None]:
+        """Hold the model, make room for `plan` and apply it.
+
+        A batched model runs several requests at once: one joins only while its plan's peak plus the
+        sequence-stage working memory of those running (their KV caches) fits the device budget.
+        """
+        reserve, fits = 0, None
+        if loaded.model.batch_width > 1 and request is not None:
+            budget = self._pool(loaded.options.device).device_budget
+            reserve = sum(s.working_memory(request) for s in loaded.model.stages if s.kind == "sequence")
+            fits = lambda others: plan.peak + others <= budget
+        with loaded.scheduler.hold(f"model {loaded.name}", reserve, fits):
             if loaded.name not in self._models:
                 raise InvalidRequest(f"model {loaded.name} was unloaded: {self._gone.get(loaded.name, 'by its owner')}")
-            self._admit(loaded, plan)
+            self._admit(loaded, plan, loaded.scheduler.reserved - reserve)
             yield
 
 

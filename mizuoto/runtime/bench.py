@@ -15,12 +15,14 @@ list in `bench_random` the model kinds it can build with random weights (`--rand
 `--driver path/to/file.py:factory` (or `package.module:factory`) names one directly.
 
 `--threaded` runs the measurement in a worker thread, as the server's jobs run; `--concurrency`
-starts that many streamed requests at once (one at a time per model, as the runtime runs them
-today) and reports aggregate throughput and first-chunk latency percentiles.
+starts that many requests at once, LM-only ones (aggregate LM tokens/s) and streamed ones (audio
+seconds per second, first-chunk latency percentiles); the model batches them when its
+compute.batch is above 1 (the command sets it to the largest level unless given).
 """
 
 from __future__ import annotations
 
+import contextlib
 import resource
 import statistics
 import sys
@@ -85,6 +87,10 @@ class BenchDriver(Protocol):
 
     def stream(self, tokens: int) -> Iterator[torch.Tensor]:
         """The whole request streamed (LM, flow, vocoder), yielding audio chunks as they come."""
+
+    # Optional, for a model whose LM batches concurrent requests: `batch_width` (int, its
+    # compute.batch) and `use_batch(on)`, which routes `lm` and `stream` through the batch
+    # (off for the single-request table, on for the --concurrency sweep).
 
 
 def synchronize(device: torch.device) -> None:
@@ -260,50 +266,67 @@ def _percentile(values: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
-def concurrent_run(driver: BenchDriver, settings: BenchSettings, clients: int) -> dict[str, Any]:
-    """`clients` streamed requests started at once, each in its own thread; aggregate figures.
-
-    The driver's model runs one request at a time (a lock, as the runtime's scheduler does), so a
-    request's first-chunk latency includes its wait for the ones before it.
-    """
-    device = driver.device
-    model_lock, barrier = threading.Lock(), threading.Barrier(clients + 1)
-    firsts: list[float] = []
-    samples: list[int] = []
+def _clients(n: int, work: Callable[[], Any]) -> tuple[list[Any], float]:
+    """work() in n threads started at once; their results and the wall time from the start."""
+    barrier = threading.Barrier(n + 1)
+    results: list[Any] = []
     errors: list[BaseException] = []
     start = [0.0]
 
     def client() -> None:
         try:
             barrier.wait()
-            first, total = None, 0
-            with model_lock:
-                for chunk in driver.stream(settings.tokens):
-                    if first is None:
-                        synchronize(device)
-                        first = time.perf_counter() - start[0]
-                    total += chunk.shape[-1]
-            firsts.append(first if first is not None else float("nan"))
-            samples.append(total)
+            results.append(work())
         except BaseException as e:  # reported after the join
             errors.append(e)
 
-    threads = [threading.Thread(target=client, name="mizuoto-bench-client") for _ in range(clients)]
+    threads = [threading.Thread(target=client, name="mizuoto-bench-client") for _ in range(n)]
     for t in threads:
         t.start()
-    _peak_reset(device)
-    synchronize(device)
     start[0] = time.perf_counter()
     barrier.wait()
     for t in threads:
         t.join()
-    synchronize(device)
     wall = time.perf_counter() - start[0]
     if errors:
         raise errors[0]
-    return {"concurrency": clients, "wall_s": wall,
-            "lm_tokens_per_s": clients * settings.tokens / wall,
-            "audio_seconds_per_s": sum(samples) / driver.sample_rate / wall,
+    return results, wall
+
+
+def concurrent_run(driver: BenchDriver, settings: BenchSettings, clients: int) -> dict[str, Any]:
+    """`clients` requests started at once, each in its own thread; aggregate figures.
+
+    LM tokens/s come from `clients` LM-only requests (what the LM's batching serves); audio
+    seconds per second and first-chunk latency from `clients` streamed requests. A driver whose
+    model does not batch (`batch_width` 1) runs one request at a time (a lock, as the runtime's
+    scheduler does), so a request's first-chunk latency includes its wait for the ones before it.
+    """
+    device = driver.device
+    lock = threading.Lock() if getattr(driver, "batch_width", 1) <= 1 else contextlib.nullcontext()
+
+    def lm() -> None:
+        with lock:
+            driver.lm(settings.tokens)
+
+    def stream() -> tuple[float, int]:
+        first, total, start = None, 0, time.perf_counter()
+        with lock:
+            for chunk in driver.stream(settings.tokens):
+                if first is None:
+                    synchronize(device)
+                    first = time.perf_counter() - start
+                total += chunk.shape[-1]
+        return (first if first is not None else float("nan")), total
+
+    _peak_reset(device)
+    synchronize(device)
+    _, lm_wall = _clients(clients, lm)
+    streams, wall = _clients(clients, stream)
+    synchronize(device)
+    firsts = [f for f, _ in streams]
+    return {"concurrency": clients, "wall_s": wall, "lm_wall_s": lm_wall,
+            "lm_tokens_per_s": clients * settings.tokens / lm_wall,
+            "audio_seconds_per_s": sum(n for _, n in streams) / driver.sample_rate / wall,
             "first_chunk_p50_ms": 1e3 * _percentile(firsts, 50),
             "first_chunk_p95_ms": 1e3 * _percentile(firsts, 95),
             "peak_memory_bytes": peak_memory_bytes(device)[0]}
@@ -313,18 +336,26 @@ def concurrency_sweep(driver: BenchDriver, settings: BenchSettings, levels: Sequ
     """concurrent_run at each level (after one warm-up request)."""
     if not levels or any(c < 1 for c in levels):
         raise InvalidRequest(f"bench: --concurrency takes positive counts, e.g. 1,2,4,8; got {list(levels)}")
-    for _ in driver.stream(settings.tokens):
-        pass
-    return [concurrent_run(driver, settings, c) for c in levels]
+    batched = getattr(driver, "batch_width", 1) > 1
+    if batched:
+        driver.use_batch(True)
+    try:
+        for _ in driver.stream(settings.tokens):
+            pass
+        return [concurrent_run(driver, settings, c) for c in levels]
+    finally:
+        if batched:
+            driver.use_batch(False)
 
 
-def format_concurrency(rows: Sequence[dict[str, Any]]) -> str:
-    """The sweep as an aligned table."""
+def format_concurrency(rows: Sequence[dict[str, Any]], width: int = 1) -> str:
+    """The sweep as an aligned table, under a line saying how the model batches (`width`)."""
     head = f"{'clients':>7}  {'LM tok/s':>9}  {'audio s/s':>9}  {'1st chunk p50':>13}  {'p95':>9}  {'peak mem':>9}"
-    lines = [head]
+    lines = [f"LM batch width {width}" + (" (compute.batch): LM steps shared by up to that many requests" if width > 1
+                                         else ": one request at a time, so tokens/s stays flat and latency grows"),
+             head]
     for r in rows:
         lines.append(f"{r['concurrency']:>7}  {r['lm_tokens_per_s']:>9.1f}  {r['audio_seconds_per_s']:>9.3f}  "
                      f"{r['first_chunk_p50_ms']:>10.0f} ms  {r['first_chunk_p95_ms']:>6.0f} ms  "
                      f"{r['peak_memory_bytes'] / 1024 ** 3:>5.2f} GiB")
-    lines.append("(no batching: the model runs one request at a time, so tokens/s stays flat and latency grows)")
     return "\n".join(lines)

@@ -14,7 +14,7 @@ it is tested on the CPU against `QwenDecoder.forward`.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
@@ -195,3 +195,7 @@ class DecodeSteps:
     def draw(self, scores: torch.Tensor, decoded: Sequence[int], generator: torch.Generator | None) -> int:
         """One token id from `scores` (which the sampler may modify, as upstream's does)."""
         return self.sampler(scores, decoded, generator)
+
+    def external(self, items: Iterable[Any]) -> Iterable[Any]:
+        """Input the loop waits for between steps (streamed text): nothing to do when running alone."""
+        return items

@@ -6,6 +6,7 @@ import abc
 import contextlib
 import math
 import os
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -303,9 +304,12 @@ class Model(abc.ABC):
     An engine sets `stages` and `capabilities` when it loads (attributes, or properties of its own).
     """
 
-    _gate: Callable[[str], contextlib.AbstractContextManager] | None = None
+    _gate: Callable[..., contextlib.AbstractContextManager] | None = None
     stages: tuple[Stage, ...]  # the model's stages in the order a request runs through them
     capabilities: Capabilities  # what this model can do (may change, e.g. when a voice is added)
+    # Requests the model runs at once: above 1 its sequence stage batches them (runtime.batching)
+    # and its stage calls take turns (one `use` block at a time).
+    batch_width: int = 1
 
     def voices(self) -> list[Voice]:
         """Preset and cached voices."""
@@ -339,13 +343,24 @@ class Model(abc.ABC):
         self._gate = gate
 
     @contextlib.contextmanager
-    def use(self, stage: str) -> Iterator[torch.device]:
-        """Run the block with `stage`'s modules placed as planned; yields the device they are on."""
-        if self._gate is None:
-            yield stage_device(self.stage(stage))
-            return
-        with self._gate(stage) as device:
-            yield device
+    def use(self, stage: str, hold: bool = True) -> Iterator[torch.device]:
+        """Run the block with `stage`'s modules placed as planned; yields the device they are on.
+
+        `hold=False`: the block computes nothing itself (it waits for a batch loop that holds the
+        stage in its own `use`); only the request's cancel is checked.
+        """
+        turn = self.turn_lock() if hold and self.batch_width > 1 else contextlib.nullcontext()
+        with turn:
+            if self._gate is None:
+                yield stage_device(self.stage(stage))
+                return
+            with (self._gate(stage) if hold else self._gate(stage, hold=False)) as device:
+                yield device
+
+    def turn_lock(self) -> threading.RLock:
+        """The lock a batched model's stage calls (and module moves) take turns on; one per model."""
+        # made on first use: subclasses need not call a base __init__
+        return self.__dict__.setdefault("_turn_lock", threading.RLock())
 
     def stage(self, name: str) -> Stage:
         """The stage called `name`."""

@@ -36,14 +36,22 @@ def _choice(key: str, value: Any, choices: tuple[str, ...]) -> str:
 
 @dataclass(frozen=True)
 class ComputeOptions:
-    """How the heavy parts run: KV cache layout, CUDA graphs, torch.compile."""
+    """How the heavy parts run: KV cache layout, CUDA graphs, torch.compile, LM batch width."""
 
     kv_cache: str = "dynamic"
     cuda_graphs: bool = False
     compile: bool = False
+    batch: int = 1  # requests whose LM steps share one batched step (1: one at a time, upstream's exact path)
 
     def __post_init__(self) -> None:
         _choice("compute.kv_cache", self.kv_cache, KV_CACHES)
+        try:
+            batch = int(self.batch)
+        except (TypeError, ValueError):
+            batch = 0
+        if isinstance(self.batch, bool) or batch < 1 or str(batch) != str(self.batch).strip():
+            raise InvalidRequest(f"option compute.batch must be a whole number >= 1, got {self.batch!r}")
+        object.__setattr__(self, "batch", batch)
         object.__setattr__(self, "cuda_graphs", _flag("compute.cuda_graphs", self.cuda_graphs))
         object.__setattr__(self, "compile", _flag("compute.compile", self.compile))
 
@@ -131,9 +139,12 @@ def add_load_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, st
                         help=f"load option, repeatable; keys: {', '.join(KNOWN_KEYS)}{tag('option')}")
 
 
-def options_from_args(args: argparse.Namespace) -> LoadOptions:
-    """The LoadOptions of parsed --option KEY=VALUE, --device and --precision (the flags win over --option)."""
-    options: dict[str, str] = {}
+def options_from_args(args: argparse.Namespace, defaults: Mapping[str, Any] | None = None) -> LoadOptions:
+    """The LoadOptions of parsed --option KEY=VALUE, --device and --precision (the flags win over --option).
+
+    `defaults` (keys as in --option) apply where the command line does not give the key.
+    """
+    options: dict[str, Any] = dict(defaults or {})
     for item in getattr(args, "option", None) or []:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():

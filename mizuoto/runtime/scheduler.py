@@ -3,17 +3,19 @@
 Cancellation: a request run with a `cancel` event raises RequestCancelled at its next stage
 call (every `use(stage)`) once the event is set.
 
-Concurrency: one request at a time per model, by a lock held from the first chunk until the
-generator finishes or is closed; other threads wait their turn (a lock, not a queue: arrival
-order is not guaranteed). A thread that opens a second stream on a model while its first is
-still open gets an error instead of a deadlock.
+Concurrency: `model.batch_width` requests at a time per model (one, unless its sequence stage
+batches), each held from its first chunk until its generator finishes or is closed; other
+threads wait their turn (a condition, not a queue: arrival order is not guaranteed). A thread
+that opens a second stream on a model while its first is still open gets an error instead of a
+deadlock. A batched request may also wait for room: `hold(fits=...)` admits it only while its
+working memory fits beside the requests already running.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -32,29 +34,57 @@ class Scheduler:
         self.plan: Plan | None = None
         self.trace: list[tuple[str, str]] = []
         self._on_device: set[str] = set()
-        self._lock = threading.Lock()
-        self._owner: int | None = None
-        self._cancel: threading.Event | None = None  # the running request's
+        self._cond = threading.Condition()
+        self._owners: set[int] = set()  # threads holding the model
+        self._cancels: dict[int, threading.Event | None] = {}  # each bound thread's request's
+        self._reserved: dict[int, int] = {}  # working memory of each holder (batched models)
 
     @property
     def busy(self) -> bool:
         """True while a request runs."""
-        return self._lock.locked()
+        return bool(self._owners)
+
+    @property
+    def running(self) -> int:
+        """Requests holding the model now."""
+        return len(self._owners)
+
+    @property
+    def reserved(self) -> int:
+        """Working memory the running requests hold (what `hold(reserve=...)` was given)."""
+        return sum(self._reserved.values())
 
     @contextlib.contextmanager
-    def hold(self, name: str = "model") -> Iterator[None]:
-        """Hold the model for one request."""
-        if self._owner == threading.get_ident():
+    def hold(self, name: str = "model", reserve: int = 0,
+             fits: Callable[[int], bool] | None = None) -> Iterator[None]:
+        """Hold the model for one request; `fits(reserved by the others)` must allow it to join a running batch."""
+        me = threading.get_ident()
+        if me in self._owners:
             raise InvalidRequest(f"a request on {name} is still open in this thread; finish or close it first")
-        with self._lock:
-            self._owner = threading.get_ident()
-            try:
-                yield
-            finally:
-                self._owner = None
+        width = max(1, int(getattr(self.model, "batch_width", 1)))
+        with self._cond:
+            while len(self._owners) >= width or (self._owners and fits is not None and not fits(self.reserved)):
+                self._cond.wait()
+            self._owners.add(me)
+            self._reserved[me] = reserve
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._owners.discard(me)
+                self._reserved.pop(me, None)
+                self._cond.notify_all()
 
     def apply(self, plan: Plan) -> None:
         """Adopt `plan`: pinned stages onto the device, the others out to the host."""
+        with self._turn():
+            self._apply(plan)
+
+    def _turn(self) -> contextlib.AbstractContextManager:
+        # a batched model may be running other requests' stage calls: moves wait for their turn
+        return self.model.turn_lock() if getattr(self.model, "batch_width", 1) > 1 else contextlib.nullcontext()
+
+    def _apply(self, plan: Plan) -> None:
         self.plan = plan
         for name in self._resident(plan.pinned):
             self._move(name, False)
@@ -64,6 +94,10 @@ class Scheduler:
 
     def offload(self) -> None:
         """Every movable module to the host (fixed ones stay)."""
+        with self._turn():
+            self._offload()
+
+    def _offload(self) -> None:
         for name in self._resident(()):
             self._move(name, False)
         self.plan = None
@@ -76,26 +110,33 @@ class Scheduler:
     @contextlib.contextmanager
     def bound(self, cancel: threading.Event | None = None) -> Iterator[None]:
         """Let the model's `use(stage)` calls go through this scheduler's gate during the block."""
-        self._cancel = cancel
-        self.model.bind(self._gate)
+        me = threading.get_ident()
+        with self._cond:
+            if not self._cancels:
+                self.model.bind(self._gate)
+            self._cancels[me] = cancel
         try:
             yield
         finally:
-            self.model.bind(None)
-            self._cancel = None
+            with self._cond:
+                self._cancels.pop(me, None)
+                if not self._cancels:
+                    self.model.bind(None)
 
     @contextlib.contextmanager
-    def _gate(self, stage: str) -> Iterator[torch.device]:
-        if self._cancel is not None and self._cancel.is_set():
+    def _gate(self, stage: str, hold: bool = True) -> Iterator[torch.device]:
+        cancel = self._cancels.get(threading.get_ident())
+        if cancel is not None and cancel.is_set():
             raise RequestCancelled(f"the request was cancelled before its {stage} stage call")
         if self.plan is None:
             raise InvalidRequest("no plan applied to this model")
-        wanted = self.plan.group_of(stage)
-        for name in self._resident(wanted):
-            self._move(name, False)
-        for name in wanted:
-            if name not in self._on_device:
-                self._move(name, True)
+        if hold:  # a batched model's turn lock is held here (Model.use): moves never overlap compute
+            wanted = self.plan.group_of(stage)
+            for name in self._resident(wanted):
+                self._move(name, False)
+            for name in wanted:
+                if name not in self._on_device:
+                    self._move(name, True)
         yield self.device
 
     def _resident(self, keep: tuple[str, ...]) -> list[str]:

@@ -81,8 +81,12 @@ class Metrics:
         with self._lock:
             self.cancelled += 1
 
-    def render(self, admission: Any, memory: list[tuple[str, str, str, int]]) -> str:
-        """The exposition text of an Admission's gauges and these counters; `memory` rows are (suffix, device, model, bytes)."""
+    def render(self, admission: Any, memory: list[tuple[str, str, str, int]],
+               batches: list[tuple[str, int, int]] = ()) -> str:
+        """The exposition text of an Admission's gauges and these counters.
+
+        `memory` rows are (suffix, device, model, bytes); `batches` rows (model, batch width, running).
+        """
         in_flight, limit, queued = admission.active, admission.limit, admission.queued
         with self._lock:
             out = ["# HELP mizuoto_requests_total Requests answered, by route, model and status.",
@@ -93,11 +97,13 @@ class Metrics:
                     "# TYPE mizuoto_requests_in_flight gauge", f"mizuoto_requests_in_flight {in_flight}",
                     "# HELP mizuoto_max_concurrent Jobs allowed at once (--max-concurrent).",
                     "# TYPE mizuoto_max_concurrent gauge", f"mizuoto_max_concurrent {limit}",
-                    "# HELP mizuoto_max_batch Jobs allowed at once (--max-batch, the same as --max-concurrent).",
-                    "# TYPE mizuoto_max_batch gauge", f"mizuoto_max_batch {limit}",
-                    "# HELP mizuoto_batch_occupancy Running jobs over --max-batch (0 to 1).",
-                    "# TYPE mizuoto_batch_occupancy gauge", f"mizuoto_batch_occupancy {in_flight / max(limit, 1):g}",
-                    "# HELP mizuoto_queue_depth Jobs waiting in the queue for a slot.",
+                    "# HELP mizuoto_batch_width Requests a model runs at once (its LM batch width, --max-batch).",
+                    "# TYPE mizuoto_batch_width gauge"]
+            out += [f"mizuoto_batch_width{_labels(model=m)} {w}" for m, w, _ in batches]
+            out += ["# HELP mizuoto_batch_occupancy Requests running on a model over its batch width (0 to 1).",
+                    "# TYPE mizuoto_batch_occupancy gauge"]
+            out += [f"mizuoto_batch_occupancy{_labels(model=m)} {n / max(w, 1):g}" for m, w, n in batches]
+            out += ["# HELP mizuoto_queue_depth Jobs waiting in the queue for a slot.",
                     "# TYPE mizuoto_queue_depth gauge", f"mizuoto_queue_depth {queued}",
                     "# HELP mizuoto_max_queued Jobs allowed to wait (--max-queued).",
                     "# TYPE mizuoto_max_queued gauge", f"mizuoto_max_queued {admission.max_queued}",

@@ -24,7 +24,7 @@ from mizuoto.server.validation import NAME
 class ServerConfig:
     """Limits and defaults of a server (each is a `mizuoto serve` flag)."""
 
-    max_concurrent: int = 4  # jobs running at once (--max-batch, alias --max-concurrent)
+    max_concurrent: int = 4  # jobs running at once, over all models (--max-concurrent)
     max_queued: int = 32  # jobs waiting for a slot, first come first served; past that 503 (--max-queued)
     queue_timeout: float | None = 120.0  # seconds a job may wait in the queue before its 503 (--queue-timeout)
     request_timeout: float | None = 300.0  # seconds from arrival to the last chunk
@@ -153,6 +153,10 @@ class ServerState:
             raise ApiError(409, f"model {name!r} is not loaded", "model")
         with self._load_lock:
             self.runtime.unload(name)
+
+    def batch_rows(self) -> list[tuple[str, int, int]]:
+        """(model, batch width, requests running) of each loaded model, for /metrics."""
+        return [(info.name, info.batch_width, info.running) for info in self.runtime.models()]
 
     # ---- memory --------------------------------------------------------------------------------
     def memory_rows(self) -> list[tuple[str, str, str, int]]:

@@ -241,3 +241,38 @@ def test_rehearse_plans_for_another_device_and_moves_nothing(rt, tone_dir):
     if not torch.cuda.is_available():
         with pytest.raises(InvalidRequest, match="no cuda device on this machine"):
             rt.rehearse("cuda")
+
+
+def test_a_batched_model_admits_a_joining_request_only_while_its_working_memory_fits(tone_dir):
+    """Two streams at once on a model of batch width 2: both run when their sequence-stage memory fits
+    the budget together, the second waits for the first when it does not."""
+    import threading
+
+    from mizuoto.runtime.engine import SynthesisRequest
+
+    # as long and slow as the planning bound, so the model loads under a budget two such requests exceed
+    request = SynthesisRequest("a" * 200, mode="preset", voice="low", seed=0, stream=True, speed=0.25)
+    with Runtime(engines=[ToneEngine], plugins=False) as rt:
+        name = rt.load(tone_dir)
+        peak = rt._plan_for(rt._get(name), request).peak
+        row = rt.model(name).stage("notes").working_memory(request)
+        assert max(rt.plan(name).peak, rt.plan(name, stream=True).peak) <= peak + row - 1
+    for budget, together in ((peak + row, True), (peak + row - 1, False)):
+        with Runtime(ram=budget, engines=[ToneEngine], plugins=False) as rt:
+            name = rt.load(tone_dir)
+            rt.model(name).batch_width = 2
+            first = rt.synthesize(name, request)
+            next(first)  # holds the model
+            got = threading.Event()
+
+            def second():
+                for _ in rt.synthesize(name, request):
+                    got.set()
+
+            t = threading.Thread(target=second)
+            t.start()
+            assert got.wait(0.5 if not together else 10) is together, f"budget {budget}"
+            assert rt.info(name).running == (2 if together else 1)
+            list(first)
+            t.join(10)
+            assert got.is_set() and rt.info(name).running == 0

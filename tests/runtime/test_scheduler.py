@@ -84,3 +84,73 @@ def test_unbound_model_runs_where_it_is(tone_dir):
         assert device == torch.device("cpu")
     with pytest.raises(InvalidRequest, match="no stage 'lm'"):
         model.stage("lm")
+
+
+def test_a_batched_model_holds_up_to_its_width_and_fits_gate_joining(tone_dir):
+    """batch_width 2: two requests hold the model at once, a third waits; `fits` can hold a joiner back."""
+    import threading
+
+    model, sched, plan = _setup(tone_dir, stream=False, pinned=())
+    model.batch_width = 2
+    sched.apply(plan)
+    entered, release = threading.Semaphore(0), threading.Event()
+
+    def holder(reserve):
+        with sched.hold(reserve=reserve, fits=lambda others: others + reserve <= 10):
+            entered.release()
+            release.wait(10)
+
+    threads = [threading.Thread(target=holder, args=(4,)) for _ in range(2)]
+    threads[0].start()
+    assert entered.acquire(timeout=10)
+    threads[1].start()
+    assert entered.acquire(timeout=10)  # the second joins the first (4 + 4 <= 10)
+    assert sched.running == 2 and sched.reserved == 8
+    third = threading.Thread(target=holder, args=(1,))
+    third.start()
+    assert not entered.acquire(timeout=0.3)  # the width is taken
+    release.set()
+    assert entered.acquire(timeout=10)  # the third got its turn
+    for t in (*threads, third):
+        t.join(10)
+    assert sched.running == 0 and sched.reserved == 0
+    release.clear()
+    big = threading.Thread(target=holder, args=(4,))
+    big.start()
+    assert entered.acquire(timeout=10)
+    late = threading.Thread(target=holder, args=(7,))  # 4 + 7 > 10: waits although a row is free
+    late.start()
+    assert not entered.acquire(timeout=0.3) and sched.running == 1
+    release.set()
+    big.join(10), late.join(10)
+    assert entered.acquire(timeout=10) and sched.running == 0
+
+
+def test_each_thread_sees_its_own_cancel(tone_dir):
+    import threading
+
+    from mizuoto.errors import RequestCancelled
+
+    model, sched, plan = _setup(tone_dir, stream=False, pinned=())
+    model.batch_width = 2
+    sched.apply(plan)
+    mine, theirs = threading.Event(), threading.Event()
+    theirs.set()
+    seen = []
+
+    def other():
+        with sched.bound(theirs):
+            try:
+                with model.use("notes"):
+                    pass
+            except RequestCancelled:
+                seen.append("cancelled")
+
+    with sched.bound(mine):
+        t = threading.Thread(target=other)
+        t.start()
+        t.join(10)
+        with model.use("notes"):  # this thread's request is not cancelled
+            seen.append("ran")
+    assert seen == ["cancelled", "ran"]
+    assert model._gate is None  # unbound once the last request left

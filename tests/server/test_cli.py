@@ -69,3 +69,25 @@ def test_serve_bad_flags(tmp_path, capsys):
     assert "model directory not found" in capsys.readouterr().err
     assert main(["serve", "--max-concurrent", "0"]) == 1
     assert "--max-concurrent" in capsys.readouterr().err
+    assert main(["serve", "--max-batch", "0"]) == 1
+    assert "--max-batch" in capsys.readouterr().err
+
+
+def test_max_batch_sets_the_models_batch_width_and_the_job_limit():
+    """--max-batch N is the load option compute.batch (an explicit --option wins) and raises the job limit to N."""
+    import argparse
+
+    from mizuoto.cli.serve import add_serve_arguments, shared_config
+
+    def config(*argv):
+        p = argparse.ArgumentParser()
+        add_serve_arguments(p)
+        return shared_config(p.parse_args(list(argv)))
+
+    plain = config("--device", "cpu")
+    assert plain["max_concurrent"] == 4 and plain["load_options"]["compute"]["batch"] == 1
+    batched = config("--device", "cpu", "--max-batch", "8")
+    assert batched["max_concurrent"] == 8 and batched["load_options"]["compute"]["batch"] == 8
+    assert config("--device", "cpu", "--max-batch", "8", "--max-concurrent", "2")["max_concurrent"] == 2
+    explicit = config("--device", "cpu", "--max-batch", "8", "--option", "compute.batch=2")
+    assert explicit["load_options"]["compute"]["batch"] == 2

@@ -17,7 +17,7 @@ COSY_TEXT = "Sixteen clients arrive at once."
 
 
 def _metric(client, name: str) -> float:
-    return float(re.search(rf"^{name} (\S+)$", client.get("/metrics").text, re.M).group(1))
+    return float(re.search(rf"^{re.escape(name)} (\S+)$", client.get("/metrics").text, re.M).group(1))
 
 
 def _until(check, what: str, timeout: float = 20.0) -> None:
@@ -61,7 +61,7 @@ def test_queued_requests_run_first_come_first_served(gated, h):
     for i, text in enumerate(["bb", "ccc", "dddd"]):
         threads.append(_post(server.url, _body(text), out))
         _until(lambda: _metric(c, "mizuoto_queue_depth") == i + 1, f"{i + 1} queued")
-    assert _metric(c, "mizuoto_requests_in_flight") == 1 and _metric(c, "mizuoto_batch_occupancy") == 1
+    assert _metric(c, "mizuoto_requests_in_flight") == 1 and _metric(c, 'mizuoto_batch_occupancy{model="gate"}') == 1
     gate.open.set()
     for t in threads:
         t.join(30)
@@ -128,6 +128,37 @@ def test_sixteen_simultaneous_cosyvoice_requests_all_succeed_with_the_defaults(h
             assert r.content[44:] == cosy_expected(COSY_TEXT, body["seed"], False)
         with httpx.Client(base_url=server.url) as c:
             assert _metric(c, "mizuoto_queue_wait_seconds_count") == 16
-            assert _metric(c, "mizuoto_max_batch") == 4 and _metric(c, "mizuoto_max_queued") == 32
+            assert _metric(c, "mizuoto_max_concurrent") == 4 and _metric(c, "mizuoto_max_queued") == 32
+    finally:
+        server.stop()
+
+
+def test_sixteen_simultaneous_requests_batched_give_what_each_gives_alone(h, served_dirs):
+    """--max-batch 8: 16 clients at once share the LM's steps, 8 at a time; each response equals that
+    request run alone on the same server (a seeded request does not depend on the load)."""
+    config = ServerConfig(max_concurrent=8, load_options={"compute": {"batch": 8}})
+    server = h.start_server({"cosy": served_dirs["cosy"]}, config)
+    try:
+        texts = [COSY_TEXT, "A second, longer sentence for the batch to carry along.", "Short one."]
+        bodies = [{"model": "cosy", "input": texts[i % 3], "response_format": "wav", "seed": i % 5,
+                   "ref_audio": h.clip_base64(), "ref_text": h.ref_text} for i in range(16)]
+        alone = {}
+        with httpx.Client(base_url=server.url, timeout=120) as c:
+            for b in bodies:
+                key = (b["input"], b["seed"])
+                if key not in alone:
+                    r = c.post("/v1/audio/speech", json=b)
+                    assert r.status_code == 200, r.text
+                    alone[key] = r.content
+        out, barrier = [], threading.Barrier(16)
+        threads = [_post(server.url, b, out, barrier) for b in bodies]
+        for t in threads:
+            t.join(300)
+        assert sorted(r.status_code for _, r in out) == [200] * 16, [r.text[:200] for _, r in out]
+        for body, r in out:
+            assert r.content == alone[body["input"], body["seed"]], (body["input"], body["seed"])
+        with httpx.Client(base_url=server.url) as c:
+            assert _metric(c, 'mizuoto_batch_width{model="cosy"}') == 8
+            assert _metric(c, 'mizuoto_batch_occupancy{model="cosy"}') == 0
     finally:
         server.stop()

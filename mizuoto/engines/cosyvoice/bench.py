@@ -121,6 +121,12 @@ class CosyVoiceBench:
         self.name = (f"cosyvoice{variant.version} ({label or model.model_dir.name}; {kv} KV cache, {decode}; "
                      f"{options.precision}{', compiled flow' if options.compute.compile else ''})")
         self.inputs = self._request()
+        self.batch_width = model.batch_width
+        self._batched = False
+
+    def use_batch(self, on: bool) -> None:
+        """Route `lm` and `stream` through the model's LM batch (the --concurrency sweep) or not."""
+        self._batched = bool(on) and self.model.batcher is not None
 
     def _request(self) -> dict[str, torch.Tensor]:
         model = self.model
@@ -147,7 +153,9 @@ class CosyVoiceBench:
         """The model's own synthesizer, its LM made to speak exactly `tokens` tokens (stop ids suppressed)."""
         # max_len = int(len(text) * ratio) must be exactly `tokens`: aim at its middle
         ratio = (tokens + 0.5) / self.inputs["text"].shape[1]
-        return self.model.synthesizer(max_token_text_ratio=ratio, min_token_text_ratio=0, suppress_stop=True)
+        # the single-request table times the unbatched path (upstream's loop), the sweep the batch
+        return self.model.synthesizer(batched=self._batched, max_token_text_ratio=ratio, min_token_text_ratio=0,
+                                      suppress_stop=True)
 
     def _generator(self, seed: int) -> torch.Generator:
         return torch.Generator(device=self.device).manual_seed(seed)

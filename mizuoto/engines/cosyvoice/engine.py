@@ -19,7 +19,7 @@ import torch
 from mizuoto.engines.cosyvoice.flow import build_flow, load_flow_weights
 from mizuoto.engines.cosyvoice.frontend import CosyVoiceFrontend
 from mizuoto.engines.cosyvoice.hift import load_hift
-from mizuoto.engines.cosyvoice.llm import drop_silent_runs, load_lm
+from mizuoto.engines.cosyvoice.llm import QwenSpeechLM, drop_silent_runs, load_lm
 from mizuoto.engines.cosyvoice.memory import frames_stage_memory, lm_stage_memory
 from mizuoto.engines.cosyvoice.noise import cosyvoice3_noise
 from mizuoto.engines.cosyvoice.synthesis import Synthesizer, request_generators, schedule_for
@@ -28,6 +28,7 @@ from mizuoto.nn.vocoders.f0 import f0_device
 from mizuoto.runtime.engine import (MODES, AudioChunk, Capabilities, Engine, Model, Reference, Stage,
                                     SynthesisRequest, Voice, VoicePrompt, check_request)
 from mizuoto.errors import InvalidRequest, MizuotoError, ModelLoadError
+from mizuoto.runtime.batching import DecodeBatcher
 from mizuoto.runtime.graphs import use_cuda_graphs
 from mizuoto.runtime.options import LoadOptions
 
@@ -99,6 +100,7 @@ class CosyVoiceModel(Model):
         self.presets, self.cached = self._read_spk2info(model_dir / "spk2info.pt")
         self._voices_lock = threading.Lock()
         self.schedule = schedule_for(variant.version, self.flow, self.sample_rate)
+        self.batcher = self._batcher(self.options.compute.batch)
         self._audio_ok = not self.frontend.missing_files(need_audio=True)
         self._text_ok = not self.frontend.missing_files(need_audio=False)
         front_modules = {}
@@ -124,6 +126,18 @@ class CosyVoiceModel(Model):
         why = None if self.options.compute.kv_cache == "static" else "it needs compute.kv_cache=static"
         return {"cuda_graphs": use_cuda_graphs(requested, device, "the LM", why)}
 
+    def _batcher(self, width: int) -> DecodeBatcher | None:
+        """The LM's continuous batch when compute.batch > 1 (Qwen LMs; CosyVoice 1 runs one request at a time)."""
+        if width <= 1:
+            return None
+        if not isinstance(self.llm, QwenSpeechLM):
+            log.warning("CosyVoice 1's LM does not batch: %s runs one request at a time", self.model_dir)
+            return None
+        if self.options.compute.cuda_graphs:
+            log.warning("compute.cuda_graphs: batched decode steps run eagerly (not captured)")
+        self.batch_width = width
+        return DecodeBatcher(self.llm.llm, self.llm.step_head, width, lambda: self.use("llm"), self.llm.sampler,
+                             name=self.model_dir.name)
 
     def _capabilities(self) -> Capabilities:
         modes = set()
@@ -193,6 +207,8 @@ class CosyVoiceModel(Model):
         self.capabilities = self._capabilities()
 
     def close(self) -> None:
+        if self.batcher is not None:
+            self.batcher.close()
         self.llm = self.flow = self.hift = None
 
     # -- spk2info ------------------------------------------------------------------------------
@@ -231,16 +247,18 @@ class CosyVoiceModel(Model):
             raise InvalidRequest("streaming text in needs CosyVoice 2/3 and a reference text (mode clone, "
                                  f"or instruct); got mode {request.mode!r} on CosyVoice {self.variant.version}")
 
-    def synthesizer(self, with_lm: bool = True, **lm_options: Any) -> Synthesizer:
+    def synthesizer(self, with_lm: bool = True, batched: bool = True, **lm_options: Any) -> Synthesizer:
         """The request runner over this model's own stages (upstream's model.tts for one model input).
 
         `lm_options` go to the LM's `generate` beside the load options' KV cache and CUDA graphs
-        (the bench passes its stop suppression and length ratio here).
+        (the bench passes its stop suppression and length ratio here). `batched=False` runs the LM
+        in the calling thread even when the model batches (the bench's single-request figures).
         """
         options = {"cache": self.options.compute.kv_cache, **self._graphs_arg, **lm_options}
         return Synthesizer(self.schedule, lm=self.llm if with_lm else None, flow=self.flow, hift=self.hift,
                            use=self.use, precision=self.options.precision, lm_options=options,
-                           token_filter=drop_silent_runs if self.variant.version == 3 else None)
+                           token_filter=drop_silent_runs if self.variant.version == 3 else None,
+                           batcher=self.batcher if batched else None)
 
     def _chunks(self, synth: Synthesizer, inputs: list[dict], request: SynthesisRequest,
                 lm_gen: torch.Generator, voc_gen: torch.Generator) -> Iterator[AudioChunk]:

@@ -10,7 +10,7 @@ Decoding runs `2 * len(text)` .. `20 * len(text)` steps (prompt text excluded); 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -127,7 +127,7 @@ class QwenSpeechLM(nn.Module):
                  cache: str = "dynamic", cache_len: int = 0, cuda_graphs: bool = False,
                  max_token_text_ratio: float = MAX_TOKEN_TEXT_RATIO,
                  min_token_text_ratio: float = MIN_TOKEN_TEXT_RATIO,
-                 suppress_stop: bool = False) -> Iterator[int]:
+                 suppress_stop: bool = False, steps: Callable[[Any], Any] | None = None) -> Iterator[int]:
         """Yield speech token ids as upstream's inference does, drawing from `generator`.
 
         The generator lives on the LM's device (None: the global one, as upstream draws).
@@ -137,7 +137,8 @@ class QwenSpeechLM(nn.Module):
         can fill. On CUDA the draw waits on the device once per token and, with `cuda_graphs`
         and a static cache, the one-token step replays CUDA graphs (same tokens); elsewhere this
         is upstream's loop and `cuda_graphs` a logged no-op. `suppress_stop` (benchmarks, not
-        upstream) masks every stop id at every step, so exactly `max_len` tokens come.
+        upstream) masks every stop id at every step, so exactly `max_len` tokens come. `steps`
+        (a batch row's `attach`) takes the cache and runs the forward passes instead of this thread.
         """
         text, prompt_text = _row(text, "text"), _row(prompt_text, "prompt_text")
         prompt_speech_token = _row(prompt_speech_token, "prompt_speech_token")
@@ -148,7 +149,7 @@ class QwenSpeechLM(nn.Module):
         if cache == "static" and 0 < cache_len < need:
             raise InvalidRequest(f"a static KV cache of {cache_len} positions is too small: "
                                  f"this request can fill {need}")
-        steps = self._steps(self.llm.new_cache(cache, cache_len or need), cuda_graphs)
+        steps = self._steps(self.llm.new_cache(cache, cache_len or need), cuda_graphs, steps)
         out_tokens: list[int] = []
         for i in range(max_len):
             scores = steps.scores(lm_input)
@@ -161,12 +162,15 @@ class QwenSpeechLM(nn.Module):
             out_tokens.append(token)
             lm_input = self.speech_embedding.weight[token].reshape(1, 1, -1)
 
-    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
+    def step_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Log-probabilities of the next token from normed hidden states (B, T, H): (V,) for B = 1, else (B, V)."""
         return self.llm_decoder(hidden[:, -1]).log_softmax(dim=-1).squeeze(dim=0)
 
-    def _steps(self, kv, cuda_graphs: bool) -> DecodeSteps:
+    def _steps(self, kv, cuda_graphs: bool, steps: Callable[[Any], Any] | None = None) -> Any:
+        if steps is not None:
+            return steps(kv)
         # off CUDA: decoder + head and upstream's sampler, exactly upstream's loop
-        return DecodeSteps(self.llm, kv, self._head, self.sampler, cuda_graphs=cuda_graphs,
+        return DecodeSteps(self.llm, kv, self.step_head, self.sampler, cuda_graphs=cuda_graphs,
                            what=f"the {self.variant} LM")
 
     def _draw(self, steps: DecodeSteps, scores: torch.Tensor, out_tokens: list[int],
@@ -181,7 +185,8 @@ class QwenSpeechLM(nn.Module):
     def generate_bistream(self, text: Iterable[torch.Tensor], prompt_text: torch.Tensor,
                           prompt_speech_token: torch.Tensor | None = None, *,
                           generator: torch.Generator | None = None, cache: str = "dynamic",
-                          cache_len: int = 0, cuda_graphs: bool = False) -> Iterator[int]:
+                          cache_len: int = 0, cuda_graphs: bool = False,
+                          steps: Callable[[Any], Any] | None = None) -> Iterator[int]:
         """Upstream's inference_bistream: text arrives in pieces (token rows) while tokens are yielded.
 
         Text and prompt speech are interleaved `mix_ratio` (5 : 15); then every 5 text tokens the
@@ -209,9 +214,9 @@ class QwenSpeechLM(nn.Module):
             prompt_text = prompt_text[:, eop + 1:]
         text_cache = embed(prompt_text)
         next_fill = (int(prompt_speech_token.shape[1] / n_speech) + 1) * n_speech - prompt_speech_token.shape[1]
-        steps = self._steps(self.llm.new_cache(cache, cache_len), cuda_graphs)
+        steps = self._steps(self.llm.new_cache(cache, cache_len), cuda_graphs, steps)
         out: list[int] = []
-        for piece in text:
+        for piece in steps.external(text):
             text_cache = torch.concat([text_cache, embed(_row(piece, "text").to(device))], dim=1)
             while speech.shape[1] != 0 and text_cache.shape[1] >= n_text:
                 lm_input = torch.concat([lm_input, text_cache[:, :n_text], speech[:, :n_speech]], dim=1)

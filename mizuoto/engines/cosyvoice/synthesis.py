@@ -28,7 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mizuoto.errors import InvalidRequest
+from mizuoto.errors import InvalidRequest, RequestCancelled
 
 StageGate = Callable[[str], contextlib.AbstractContextManager]
 
@@ -97,7 +97,7 @@ class Synthesizer:
     def __init__(self, schedule: StreamSchedule, *, lm: Any | None, flow: FlowStage, hift: VocoderStage,
                  use: StageGate, precision: str = "fp32", lm_options: dict[str, Any] | None = None,
                  token_filter: Callable[[Iterable[int]], Iterator[int]] | None = None,
-                 on_tokens: Callable[[list[int]], None] | None = None):
+                 on_tokens: Callable[[list[int]], None] | None = None, batcher: Any | None = None):
         self.schedule = schedule
         self.lm, self.flow, self.hift = lm, flow, hift
         self.use = use  # the model's stage gate: `with use("flow") as device:`
@@ -106,6 +106,7 @@ class Synthesizer:
         self.mel_bins = flow.output_size
         self.token_filter = token_filter  # v3 drops long silence runs before the flow
         self.on_tokens = on_tokens  # observer for tests and benchmarks: the final token list
+        self.batcher = batcher  # a runtime.batching.DecodeBatcher: the LM runs in a row of its batch
         s = schedule
         self.speech_window = np.hamming(2 * s.source_cache_len) if s.source_cache_len else None
         self.mel_window = np.hamming(2 * s.mel_overlap_len) if s.mel_overlap_len else None
@@ -128,20 +129,37 @@ class Synthesizer:
         if self.lm is None:
             raise InvalidRequest("this model has no LM stage; only voice conversion is possible")
         text, prompt_text, prompt_speech = inputs["text"], inputs["prompt_text"], inputs["llm_prompt_speech_token"]
-        if isinstance(text, torch.Tensor):
-            tokens = self.lm.generate(text, prompt_text, prompt_speech, generator=generator,
-                                      embedding=inputs["llm_embedding"], **self.lm_options)
-        else:
+
+        def tokens_of(**steps: Any) -> Iterator[int]:
+            if isinstance(text, torch.Tensor):
+                return self.lm.generate(text, prompt_text, prompt_speech, generator=generator,
+                                        embedding=inputs["llm_embedding"], **self.lm_options, **steps)
             # streamed text has no length bound for a static cache: eager steps (on CUDA still the
             # on-device sampler)
-            tokens = self.lm.generate_bistream(text, prompt_text, prompt_speech, generator=generator)
+            return self.lm.generate_bistream(text, prompt_text, prompt_speech, generator=generator, **steps)
+
+        if self.batcher is not None:
+            # the batch loop runs the forward passes (in its own `use("llm")`); here the tokens arrive
+            tokens = self.batcher.run(lambda attach: tokens_of(steps=attach), self._cancelled)
+            gate = lambda: self.use("llm", hold=False)
+        else:
+            tokens = tokens_of()
+            gate = lambda: self.use("llm")
         while True:
             # per token: in a streaming request the flow and vocoder run between two tokens
-            with self.use("llm") as device, self._autocast(device):
+            with gate() as device, self._autocast(device):
                 token = next(tokens, None)
             if token is None:
                 return
             yield token
+
+    def _cancelled(self) -> bool:
+        """Whether the request was cancelled (the stage gate's check, for a request waiting on the batch)."""
+        try:
+            with self.use("llm", hold=False):
+                return False
+        except RequestCancelled:
+            return True
 
     def speech_tokens(self, inputs: dict[str, Any], generator: torch.Generator) -> Iterator[int]:
         """The tokens the flow speaks: the source's (voice conversion) or the LM's, filtered (v3)."""
@@ -152,9 +170,21 @@ class Synthesizer:
         raw = self.lm_tokens(inputs, generator)
         yield from self.token_filter(raw) if self.token_filter else raw
 
+    def _on_compute_thread(self, fn: Callable[[], Any]) -> Any:
+        """fn() here, or on the batch loop's thread when the LM batches (one compute thread per model)."""
+        if self.batcher is None:
+            return fn()
+        if self._cancelled():
+            raise RequestCancelled("the request was cancelled before its next stage call")
+        return self.batcher.call(fn)
+
     def mel(self, token: torch.Tensor, inputs: dict[str, Any], *, streaming: bool, finalize: bool, cache: Any,
             generator: torch.Generator | None) -> tuple[torch.Tensor, Any]:
         """The flow on `token` (1, N) with the input's voice prompt; the mel stays on the flow's device."""
+        return self._on_compute_thread(lambda: self._mel(token, inputs, streaming, finalize, cache, generator))
+
+    def _mel(self, token: torch.Tensor, inputs: dict[str, Any], streaming: bool, finalize: bool, cache: Any,
+             generator: torch.Generator | None) -> tuple[torch.Tensor, Any]:
         with self.use("flow") as device, self._autocast(device):
             args = [t.to(device) for t in (token, inputs["flow_prompt_speech_token"], inputs["prompt_speech_feat"],
                                            inputs["flow_embedding"])]
@@ -165,6 +195,10 @@ class Synthesizer:
     def speech(self, mel: torch.Tensor, *, cache_source: torch.Tensor | None, finalize: bool,
                generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
         """The vocoder on `mel`; speech and source stay on the vocoder's device."""
+        return self._on_compute_thread(lambda: self._speech(mel, cache_source, finalize, generator))
+
+    def _speech(self, mel: torch.Tensor, cache_source: torch.Tensor | None, finalize: bool,
+                generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
         with self.use("hift") as device:
             if cache_source is not None:
                 cache_source = cache_source.to(device)

@@ -257,6 +257,27 @@ class QwenDecoder(nn.Module):
         cache.advance(t)
         return self.norm(x)
 
+    def step_rows(self, x: torch.Tensor, caches: list[KVCache | None]) -> torch.Tensor:
+        """One position for each of B sequences: x (B, 1, hidden), row r after `caches[r]` (None: an empty row).
+
+        The projections and the MLP run on all B rows at once (a fixed B gives every row the same
+        kernels whatever the other rows hold); attention runs per row over that row's own cache,
+        as a one-sequence step does. Returns the normed hidden states (B, 1, hidden).
+        """
+        rows = [r for r, c in enumerate(caches) if c is not None]
+        pos = torch.tensor([c.length if c is not None else 0 for c in caches], device=x.device)
+        cos, sin = self.rope(pos[:, None], x.dtype)
+        for i in range(len(self.layers)):
+            q, k, v = self.layer_pre(i, x, cos, sin)
+            attn = torch.zeros(q.shape[0], 1, q.shape[1], q.shape[3], dtype=q.dtype, device=q.device)
+            for r in rows:
+                kr, vr = caches[r].update(i, k[r:r + 1], v[r:r + 1], pos[r:r + 1])
+                attn[r:r + 1] = attend(q[r:r + 1], kr, vr, self.n_rep, self.scale, None)
+            x = self.layer_post(i, x, attn)
+        for r in rows:
+            caches[r].advance(1)
+        return self.norm(x)
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The output head (tied to embed_tokens unless the config unties it)."""
         if self.lm_head is not None:

@@ -60,7 +60,13 @@ def test_bench_concurrency_on_a_fixture_model(capsys, tmp_path, model_dir):
     for r in rows:
         assert r["lm_tokens_per_s"] > 0 and r["audio_seconds_per_s"] > 0 and r["peak_memory_bytes"] > 0
         assert 0 < r["first_chunk_p50_ms"] <= r["first_chunk_p95_ms"]
+    # the sweep batches the LM at its widest level unless told otherwise
+    assert out["batch_width"] == 2 and out["options"]["batch"] == 2
+    alone = _bench_json(capsys, ["-m", str(dest), "--tokens", "6", "--concurrency", "1,2",
+                                 "--option", "compute.batch=1"])
+    assert alone["batch_width"] == 1
     # one request at a time: the second of two waits for the first, so its first chunk comes later
+    rows = alone["concurrency"]
     assert rows[1]["first_chunk_p95_ms"] > rows[0]["first_chunk_p50_ms"]
 
 

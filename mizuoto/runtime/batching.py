@@ -1,0 +1,310 @@
+"""Continuous batching of a decoder LM: concurrent sequences share its one-token steps.
+
+A model with a batch width W > 1 runs up to W requests at once. Each request's token loop (the
+engine's own `generate`) runs in a producer thread of its own and talks to its *row* as it
+would to `DecodeSteps`: `scores(inputs)` and `draw(...)`. The batch loop, one long-lived thread
+per model, does every forward pass: a row's multi-position input (its prefill, or a streamed-text
+piece) alone, at batch 1, exactly as a request running alone does; one-position inputs of all
+rows together, in one step of fixed width W (empty rows are zeros), attention per row over
+that row's own KV cache. Tokens go to the request through a queue as they are drawn, so the
+rows' steps never wait for a request's flow and vocoder work; that work runs on the loop's
+thread too (`call`), alternating with the steps, so all of the model's heavy compute runs on one
+long-lived thread.
+
+Why the width is fixed: on the CPU a row of a linear layer at batch 1 differs in the last bits
+from the same row at batch 2, and batch 16 from batches 2-8; at one fixed width a row's result
+does not depend on what the other rows hold or where it sits (measured, and tested on every
+fixture case). So a seeded request gives the same tokens under any load; they may differ from
+the unbatched path's (which is upstream's), and the docs say how often.
+
+Each row keeps its own generator, sampler state, length limits and KV cache (the engine makes
+the cache, sized as its options say); a row leaves when its sequence ends, freeing its place.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from mizuoto.errors import RequestCancelled
+from mizuoto.nn.lm.qwen import QwenDecoder
+from mizuoto.nn.lm.sampling import FastSampler
+
+# How long the batch loop waits for a row still drawing its token before stepping without it.
+# A row that misses a step joins the next one: results do not depend on it, only throughput.
+STRAGGLER_WAIT_S = 0.05
+POLL_S = 0.1  # how often a waiting request looks at its cancel event
+_END = object()
+
+
+class _Stopped(RequestCancelled):
+    """The request consuming a row went away; its producer unwinds."""
+
+
+class _Call:
+    """A function waiting for the loop's thread, and then its outcome."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn, self.result, self.error = fn, None, None
+        self.done = threading.Event()
+
+    def finish(self, result: Any, error: BaseException | None) -> None:
+        self.result, self.error = result, error
+        self.done.set()
+
+
+class Row:
+    """One sequence's place in the batch; `DecodeSteps`' interface for the engine's token loop."""
+
+    def __init__(self, batcher: "DecodeBatcher", index: int) -> None:
+        self.batcher, self.index = batcher, index
+        self.cache: Any = None
+        self.sampler = batcher.sampler
+        self.busy = True        # the producer is running its own code (the loop waits for it)
+        self.pending: torch.Tensor | None = None
+        self.result: Any = None
+        self.done = threading.Event()
+        self.stopped = False
+
+    def attach(self, cache: Any) -> "Row":
+        """Adopt the KV cache the engine made for this sequence (the LM's `steps=` factory)."""
+        self.cache = cache
+        return self
+
+    def scores(self, inputs: torch.Tensor) -> torch.Tensor:
+        """Feed (1, T, hidden) inputs; the head's output for the last position, once the loop has run it."""
+        b = self.batcher
+        with b.cond:
+            if self.stopped:
+                raise _Stopped("the request was closed")
+            if b.closed:
+                raise RequestCancelled(f"{b.name}: the model was closed")
+            self.done.clear()
+            self.pending, self.busy = inputs, False
+            b.cond.notify_all()
+        self.done.wait()
+        result, self.result = self.result, None
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def draw(self, scores: torch.Tensor, decoded: Sequence[int], generator: torch.Generator | None) -> int:
+        """One token id from `scores`, with this row's generator (the engine's sampler, as unbatched)."""
+        return self.sampler(scores, decoded, generator)
+
+    def external(self, items: Iterable[Any]) -> Iterator[Any]:
+        """`items` (e.g. streamed text), the loop not waiting for this row while it waits for the next."""
+        it = iter(items)
+        while True:
+            with self.batcher.cond:
+                self.busy = False
+                self.batcher.cond.notify_all()
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+            finally:
+                with self.batcher.cond:
+                    self.busy = True
+            yield item
+
+
+class DecodeBatcher:
+    """Shares `decoder`'s one-token steps among up to `width` sequences (see the module docstring).
+
+    `head` maps normed hidden states (B, T, hidden) to scores, (V,) for B = 1 and (B, V) else;
+    `gate()` is the stage gate the loop holds around its forward passes (the model's `use`);
+    `sampler` draws as the unbatched loop does (its fast on-device form on CUDA).
+    """
+
+    def __init__(self, decoder: QwenDecoder, head: Callable[[torch.Tensor], torch.Tensor], width: int,
+                 gate: Callable[[], contextlib.AbstractContextManager], sampler: Any, name: str = "lm") -> None:
+        if width < 2:
+            raise ValueError(f"a batch needs a width of at least 2, got {width}")
+        self.decoder, self.head, self.width, self.gate = decoder, head, width, gate
+        fast = decoder.embed_tokens.weight.device.type == "cuda"
+        self.sampler = FastSampler.like(sampler) if fast else sampler
+        self.name = name
+        self.rows: list[Row | None] = [None] * width
+        self.cond = threading.Condition()
+        self.closed = False
+        self.steps = 0           # batched steps run
+        self.row_steps = 0       # rows served by them (occupancy = row_steps / (steps * width))
+        self.prefills = 0
+        self._thread: threading.Thread | None = None
+        self._calls: collections.deque[_Call] = collections.deque()
+        self._last = ""  # the kind of work run last ("call" or a step), to alternate them
+
+    # -- requests -------------------------------------------------------------------------------
+    @property
+    def active(self) -> int:
+        """Rows in use now."""
+        return sum(r is not None for r in self.rows)
+
+    def run(self, produce: Callable[[Callable[[Any], Row]], Iterator[int]],
+            cancelled: Callable[[], bool] = lambda: False) -> Iterator[int]:
+        """Yield the tokens of `produce(attach)` (the engine's token loop, given `steps=attach`) run in a row.
+
+        Waits for a free row first. `cancelled()` is polled while waiting; closing the iterator
+        (or a cancel) stops the producer at its next step and frees the row.
+        """
+        row = self._join(cancelled)
+        tokens: queue.Queue = queue.Queue()
+
+        def producer() -> None:
+            try:
+                for token in produce(row.attach):
+                    tokens.put(token)
+                tokens.put(_END)
+            except BaseException as e:  # handed to the consumer
+                tokens.put(e)
+            finally:
+                self._leave(row)
+
+        threading.Thread(target=producer, name=f"mizuoto-{self.name}-row{row.index}", daemon=True).start()
+        try:
+            while True:
+                try:
+                    item = tokens.get(timeout=POLL_S)
+                except queue.Empty:
+                    if cancelled():
+                        raise RequestCancelled("the request was cancelled while its LM ran") from None
+                    continue
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            with self.cond:
+                row.stopped = True
+                if row.pending is not None and not row.done.is_set():
+                    self._deliver(row, _Stopped("the request was closed"))
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """fn() run on the batch loop's thread between two steps (a request's flow or vocoder call); its result.
+
+        All of a batched model's heavy compute then runs on one long-lived thread: one OpenMP team
+        (docs/performance.md, "Threads"). Calls and steps alternate, so a call holds the rows' next
+        step back by at most its own duration.
+        """
+        job = _Call(fn)
+        with self.cond:
+            if self.closed:
+                raise RequestCancelled(f"{self.name}: the model was closed")
+            self._start()
+            self._calls.append(job)
+            self.cond.notify_all()
+        job.done.wait()
+        if job.error is not None:
+            raise job.error
+        return job.result
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name=f"mizuoto-{self.name}-batch", daemon=True)
+            self._thread.start()
+
+    def _join(self, cancelled: Callable[[], bool]) -> Row:
+        with self.cond:
+            while True:
+                if self.closed:
+                    raise RequestCancelled(f"{self.name}: the model was closed")
+                free = [i for i, r in enumerate(self.rows) if r is None]
+                if free:
+                    row = self.rows[free[0]] = Row(self, free[0])
+                    self._start()
+                    return row
+                if cancelled():
+                    raise RequestCancelled("the request was cancelled while waiting for a place in the batch")
+                self.cond.wait(POLL_S)
+
+    def _leave(self, row: Row) -> None:
+        with self.cond:
+            self.rows[row.index] = None
+            self.cond.notify_all()
+
+    def close(self) -> None:
+        """Stop the loop; rows still running get RequestCancelled at their next step, waiting calls too."""
+        with self.cond:
+            self.closed = True
+            for row in self.rows:
+                if row is not None and row.pending is not None:
+                    self._deliver(row, RequestCancelled(f"{self.name}: the model was closed"))
+            while self._calls:
+                self._calls.popleft().finish(None, RequestCancelled(f"{self.name}: the model was closed"))
+            self.cond.notify_all()
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def _deliver(self, row: Row, result: Any) -> None:
+        row.result, row.pending, row.busy = result, None, True
+        row.done.set()
+
+    def _work(self, waited: bool) -> tuple[str, Any] | None:
+        """What to run next (under the condition): prefills first, then calls and steps in turn."""
+        rows = [r for r in self.rows if r is not None]
+        singles = [r for r in rows if r.pending is not None and r.pending.shape[1] > 1]
+        if singles:
+            return "prefill", singles
+        steps = [r for r in rows if r.pending is not None]
+        step_ready = bool(steps) and (waited or not any(r.busy for r in rows))
+        if self._calls and not (step_ready and self._last == "call"):
+            return "call", self._calls.popleft()
+        return ("step", steps) if step_ready else None
+
+    def _loop(self) -> None:
+        while True:
+            with self.cond:
+                waited = False
+                while not self.closed and (work := self._work(waited)) is None:
+                    pending = any(r is not None and r.pending is not None for r in self.rows)
+                    # a row still drawing its token: wait a little for it, then step without it
+                    waited = not self.cond.wait(STRAGGLER_WAIT_S if pending else None) and pending
+                if self.closed:
+                    return
+            kind, items = work
+            self._last = kind
+            if kind == "call":
+                try:
+                    items.finish(items.fn(), None)
+                except BaseException as e:  # handed to the caller
+                    items.finish(None, e)
+                continue
+            try:
+                with torch.inference_mode(), self.gate():
+                    if kind == "prefill":
+                        results = {r.index: self.head(self.decoder(r.pending, r.cache)) for r in items}
+                    else:
+                        results = self._step(items)
+            except BaseException as e:  # every row in this pass gets it
+                results = {r.index: e for r in items}
+            with self.cond:
+                for r in items:
+                    if r.pending is not None:
+                        self._deliver(r, results[r.index])
+                if kind == "prefill":
+                    self.prefills += len(items)
+
+    def _step(self, rows: list[Row]) -> dict[int, torch.Tensor]:
+        first = rows[0].pending
+        x = torch.zeros(self.width, 1, first.shape[-1], dtype=first.dtype, device=first.device)
+        caches: list[Any] = [None] * self.width
+        for r in rows:
+            x[r.index] = r.pending[0]
+            caches[r.index] = r.cache
+        scores = self.head(self.decoder.step_rows(x, caches)).reshape(self.width, -1)
+        self.steps += 1
+        self.row_steps += len(rows)
+        return {r.index: scores[r.index] for r in rows}
+
+    def stats(self) -> dict[str, float]:
+        """Rows now, steps run and their mean occupancy (0-1), prefills run."""
+        occupancy = self.row_steps / (self.steps * self.width) if self.steps else 0.0
+        return {"width": self.width, "active": self.active, "steps": self.steps, "occupancy": occupancy,
+                "prefills": self.prefills}

@@ -1,0 +1,214 @@
+"""The continuous batch of a decoder LM (runtime.batching), on a small random Qwen decoder.
+
+A row's scores must be bit-identical whatever shares its steps; rows leave, get cancelled and
+fail without leaking their place or their thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+
+import pytest
+import torch
+
+from mizuoto.errors import RequestCancelled
+from mizuoto.nn.lm.kv_cache import DynamicKVCache
+from mizuoto.nn.lm.qwen import QwenConfig, QwenDecoder
+from mizuoto.runtime.batching import DecodeBatcher
+
+WIDTH = 4
+CFG = QwenConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=97)
+
+
+@pytest.fixture(scope="module")
+def decoder():
+    torch.manual_seed(0)
+    dec = QwenDecoder(CFG).eval()
+    for p in dec.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    return dec
+
+
+def _head(decoder):
+    def head(hidden: torch.Tensor) -> torch.Tensor:
+        return decoder.logits(hidden[:, -1]).log_softmax(-1).squeeze(0)
+    return head
+
+
+def _greedy(decoder, prompt_len: int, steps: int, seed: int, record: list, feed_at: int | None = None):
+    """A token loop in the shape of an engine's `generate(steps=...)`: prefill, then one token at a time."""
+    def produce(attach):
+        g = torch.Generator().manual_seed(seed)
+        rows = attach(DynamicKVCache())
+        x = torch.randn(1, prompt_len, CFG.hidden_size, generator=g)
+        for i in range(steps):
+            scores = rows.scores(x)
+            record.append(scores.clone())
+            token = int(scores.argmax())
+            yield token
+            x = decoder.embed_tokens.weight[token].reshape(1, 1, -1)
+            if feed_at == i:  # a streamed-text piece: several positions at once, mid-sequence
+                x = torch.cat([x, torch.randn(1, 3, CFG.hidden_size, generator=g)], dim=1)
+    return produce
+
+
+def _run_together(batcher, produces) -> list[list[int]]:
+    out: list = [None] * len(produces)
+    barrier = threading.Barrier(len(produces))
+
+    def run(i):
+        barrier.wait()
+        out[i] = list(batcher.run(produces[i]))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(produces))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return out
+
+
+@torch.inference_mode()
+def test_a_rows_scores_do_not_depend_on_its_company(decoder):
+    batcher = DecodeBatcher(decoder, _head(decoder), WIDTH, contextlib.nullcontext, sampler=None)
+    try:
+        alone: list = []
+        _run_together(batcher, [_greedy(decoder, 5, 12, seed=1, record=alone, feed_at=4)])
+        for company in (1, 2, WIDTH - 1):
+            mine: list = []
+            produces = [_greedy(decoder, 3 + j, 6 + 3 * j, seed=10 + j, record=[]) for j in range(company)]
+            _run_together(batcher, [*produces, _greedy(decoder, 5, 12, seed=1, record=mine, feed_at=4)])
+            assert len(mine) == len(alone)
+            for i, (a, b) in enumerate(zip(alone, mine)):
+                assert torch.equal(a, b), f"step {i} differs beside {company} other rows"
+        stats = batcher.stats()
+        assert stats["active"] == 0 and stats["steps"] > 0 and stats["prefills"] > 0
+    finally:
+        batcher.close()
+
+
+@torch.inference_mode()
+def test_the_width_is_fixed_because_other_widths_give_other_bits(decoder):
+    """Why the batch never shrinks to its occupied rows: the same row computed at other widths differs."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(1, 1, CFG.hidden_size, generator=g)
+    scores = {}
+    for width in (1, 2, 3, WIDTH):
+        batch = torch.cat([x, torch.randn(width - 1, 1, CFG.hidden_size, generator=g)])
+        caches = [DynamicKVCache() for _ in range(width)]
+        scores[width] = decoder.step_rows(batch, caches)[0]
+    assert any(not torch.equal(scores[WIDTH], scores[w]) for w in (1, 2, 3))
+    # and at the fixed width, what sits in the other rows does not matter
+    other = torch.cat([x, torch.zeros(WIDTH - 1, 1, CFG.hidden_size)])
+    assert torch.equal(decoder.step_rows(other, [DynamicKVCache()] + [None] * (WIDTH - 1))[0], scores[WIDTH])
+
+
+def _threads() -> int:
+    return sum(t.name.startswith("mizuoto-lm-row") for t in threading.enumerate())
+
+
+def _settle(check, timeout: float = 10.0) -> None:
+    end = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < end
+        time.sleep(0.01)
+
+
+@torch.inference_mode()
+def test_closing_a_stream_frees_its_row_and_thread(decoder):
+    batcher = DecodeBatcher(decoder, _head(decoder), WIDTH, contextlib.nullcontext, sampler=None)
+    try:
+        for _ in range(3 * WIDTH):  # more than the width: a leaked row would block the next join
+            tokens = batcher.run(_greedy(decoder, 4, 50, seed=2, record=[]))
+            next(tokens), next(tokens)
+            tokens.close()
+        _settle(lambda: batcher.active == 0 and _threads() == 0)
+    finally:
+        batcher.close()
+
+
+@torch.inference_mode()
+def test_a_failing_loop_reaches_its_consumer_and_a_cancel_stops_a_wait(decoder):
+    batcher = DecodeBatcher(decoder, _head(decoder), 2, contextlib.nullcontext, sampler=None)
+    try:
+        def broken(attach):
+            attach(DynamicKVCache()).scores(torch.randn(1, 2, CFG.hidden_size))
+            raise ValueError("the engine's loop failed")
+            yield  # a generator
+
+        with pytest.raises(ValueError, match="loop failed"):
+            list(batcher.run(broken))
+        holders = [batcher.run(_greedy(decoder, 4, 500, seed=s, record=[])) for s in (1, 2)]
+        for h in holders:
+            next(h)
+        with pytest.raises(RequestCancelled, match="waiting for a place"):
+            next(batcher.run(_greedy(decoder, 4, 5, seed=3, record=[]), cancelled=lambda: True))
+        for h in holders:
+            h.close()
+        _settle(lambda: batcher.active == 0)
+    finally:
+        batcher.close()
+
+
+def test_a_batch_is_at_least_two_wide(decoder):
+    with pytest.raises(ValueError, match="at least 2"):
+        DecodeBatcher(decoder, _head(decoder), 1, contextlib.nullcontext, sampler=None)
+
+
+@torch.inference_mode()
+def test_closing_the_batcher_cancels_waiting_rows(decoder):
+    entered = threading.Event()
+
+    @contextlib.contextmanager
+    def slow_gate():
+        entered.set()
+        time.sleep(0.2)
+        yield
+
+    batcher = DecodeBatcher(decoder, _head(decoder), 2, slow_gate, sampler=None)
+    tokens = batcher.run(_greedy(decoder, 4, 50, seed=1, record=[]))
+    errors: list = []
+    t = threading.Thread(target=lambda: errors.append(pytest.raises(RequestCancelled, list, tokens)))
+    t.start()
+    assert entered.wait(10)
+    batcher.close()
+    t.join(10)
+    assert not t.is_alive() and errors
+
+
+def test_rows_attend_to_their_own_cache_only(decoder):
+    """step_rows with one row equals the decoder's own one-position forward over that row's cache."""
+    g = torch.Generator().manual_seed(5)
+    prompt = torch.randn(1, 6, CFG.hidden_size, generator=g)
+    x = torch.randn(1, 1, CFG.hidden_size, generator=g)
+    with torch.inference_mode():
+        a, b = DynamicKVCache(), DynamicKVCache()
+        decoder(prompt, a)
+        decoder(prompt, b)
+        want = decoder(x, a)
+        got = decoder.step_rows(torch.cat([torch.zeros(1, 1, CFG.hidden_size), x]), [None, b])[1:]
+    assert b.length == a.length == 7
+    assert torch.allclose(got, want, atol=1e-5)
+
+
+@torch.inference_mode()
+def test_calls_run_on_the_loop_thread_between_steps(decoder):
+    batcher = DecodeBatcher(decoder, _head(decoder), 2, contextlib.nullcontext, sampler=None)
+    try:
+        assert batcher.call(lambda: threading.current_thread().name) == f"mizuoto-{batcher.name}-batch"
+        tokens = batcher.run(_greedy(decoder, 4, 30, seed=1, record=[]))
+        next(tokens)
+        before = batcher.stats()["steps"]
+        for _ in range(3):  # calls alternate with the running row's steps
+            batcher.call(lambda: None)
+        assert batcher.stats()["steps"] > before
+        with pytest.raises(ZeroDivisionError):
+            batcher.call(lambda: 1 / 0)
+        assert len(list(tokens)) == 29
+    finally:
+        batcher.close()
+    with pytest.raises(RequestCancelled, match="closed"):
+        batcher.call(lambda: None)
