@@ -31,3 +31,7 @@ class RequestCancelled(MizuotoError):
 
 class RequestTooLarge(MemoryBudgetError):
     """One request needs more memory than the model's budget allows; refused before it starts."""
+
+
+class ModelUnloaded(InvalidRequest):
+    """The model named was unloaded (by its owner, or evicted by the planner to make room for another)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,13 +16,15 @@ import torch
 from mizuoto.runtime.engine import (AudioChunk, Capabilities, Model, SynthesisRequest, Voice, check_request)
 from mizuoto.runtime.hub import is_repo_id, resolve_model
 from mizuoto.runtime.voicestore import ModelIdentity, SavedVoice, VoiceStore, fingerprint
-from mizuoto.errors import InvalidRequest, MemoryBudgetError, MizuotoError, ModelLoadError, RequestTooLarge
+from mizuoto.errors import (InvalidRequest, MemoryBudgetError, MizuotoError, ModelLoadError, ModelUnloaded,
+                             RequestCancelled, RequestTooLarge)
 from mizuoto.runtime.memory import Eviction, Plan, Pool, detect_budget, measure, parse_bytes, plan_model
 from mizuoto.runtime.options import LoadOptions, parse_options
 from mizuoto.runtime.plugins import Registry, describe_error
 from mizuoto.runtime.scheduler import Scheduler
 
 log = logging.getLogger("mizuoto.runtime")
+ROOM_POLL_S = 0.05  # how often a request waiting for memory held by other models looks again
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,8 @@ class Runtime:
         self._pools: dict[str, Pool] = {}
         self._gone: dict[str, str] = {}  # model name -> why it was unloaded by the runtime
         self._lock = threading.RLock()
+        self._room = threading.Condition()  # notified when a request leaves a model (memory may be free)
+        self.evictions = 0  # models offloaded or unloaded by the planner to admit others, so far
         if voices is None or voices is True:
             from mizuoto.runtime.assets import voices_dir
 
@@ -129,10 +134,13 @@ class Runtime:
         return self.registry.detect(resolve_model(path))
 
     # ---- models --------------------------------------------------------------------------------
-    def load(self, path: str | Path, engine: str | None = None, name: str | None = None, **options: Any) -> str:
+    def load(self, path: str | Path, engine: str | None = None, name: str | None = None, *,
+             wait: float | None = None, **options: Any) -> str:
         """Load a model directory (or a Hugging Face repo id `org/name[@rev]`) and return its name.
 
-        The engine is detected unless given; a repo id is the default name of its model.
+        The engine is detected unless given; a repo id is the default name of its model. When the
+        memory it needs is held by models running requests in other threads, `wait` seconds are
+        given to those to finish (None: fail at once with MemoryBudgetError).
         """
         opts = parse_options(**options).resolved()
         if name is None and isinstance(path, str) and is_repo_id(path):
@@ -157,17 +165,21 @@ class Runtime:
             raise ModelLoadError(f"engine {engine!r} failed to load {path}: {describe_error(e)}") from e
         if not isinstance(model, Model):
             raise ModelLoadError(f"engine {engine!r} returned a {type(model).__name__}, not a Model")
-        with self._lock:
-            name = self._unique(name or path.resolve().name)
-            loaded = _Loaded(name, engine, variant, path, opts, model, Scheduler(model, opts.device), None)
-            try:
+        end = None if wait is None else time.monotonic() + wait
+        try:
+            with self._lock:
+                name = self._unique(name or path.resolve().name)
+                loaded = _Loaded(name, engine, variant, path, opts, model, Scheduler(model, opts.device), None)
                 loaded.plan = self._plan_for(loaded, None)
                 self._models[name] = loaded
-                self._admit(loaded, loaded.plan)
-            except MizuotoError:
-                self._models.pop(name, None)
-                model.close()
-                raise
+            while not self._try_admit(loaded, loaded.plan, waitable=end is not None and time.monotonic() < end):
+                self._wait_for_room(None)
+        except BaseException:
+            with self._lock:
+                if self._models.get(name) is loaded:
+                    del self._models[name]
+            model.close()
+            raise
         self._restore_voices(loaded)
         return name
 
@@ -233,7 +245,7 @@ class Runtime:
         if model in self._models:
             return self._models[model]
         if model in self._gone:
-            raise InvalidRequest(f"model {model} was unloaded: {self._gone[model]}")
+            raise ModelUnloaded(f"model {model} was unloaded: {self._gone[model]}")
         raise InvalidRequest(f"no model {model!r} is loaded; loaded: {', '.join(self._models) or 'none'}")
 
     # ---- memory --------------------------------------------------------------------------------
@@ -302,6 +314,7 @@ class Runtime:
             busy = {n for n, m in self._models.items() if m.scheduler.busy and m is not loaded}
             evictions = self._pool(loaded.options.device).admit(loaded.name, plan.peak + others, plan.fixed,
                                                                 plan.movable, plan.waiting, busy)
+            self.evictions += len(evictions)
             for ev in evictions:
                 victim = self._models[ev.model]
                 if ev.action == "offload":
@@ -341,7 +354,7 @@ class Runtime:
 
     def _stream(self, loaded: _Loaded, plan: Plan, request: SynthesisRequest,
                 cancel: threading.Event | None) -> Iterator[AudioChunk]:
-        with self._turn(loaded, plan, request):
+        with self._turn(loaded, plan, request, cancel):
             yield from loaded.scheduler.execute(request, cancel)
 
     def add_voice(self, model: str, voice_id: str, ref_audio: Any, ref_text: str | None = None,
@@ -414,22 +427,55 @@ class Runtime:
             raise InvalidRequest(why)
 
     @contextlib.contextmanager
-    def _turn(self, loaded: _Loaded, plan: Plan, request: SynthesisRequest | None = None) -> Iterator[None]:
+    def _turn(self, loaded: _Loaded, plan: Plan, request: SynthesisRequest | None = None,
+              cancel: threading.Event | None = None) -> Iterator[None]:
         """Hold the model, make room for `plan` and apply it.
 
         A batched model runs several requests at once: one joins only while its plan's peak plus the
         sequence-stage working memory of those running (their KV caches) fits the device budget.
+        When the room is held by other models' running requests (in other threads), the request
+        waits for them, holding nothing, until `cancel` is set.
         """
         reserve, fits = 0, None
         if loaded.model.batch_width > 1 and request is not None:
             budget = self._pool(loaded.options.device).device_budget
             reserve = sum(s.working_memory(request) for s in loaded.model.stages if s.kind == "sequence")
             fits = lambda others: plan.peak + others <= budget
-        with loaded.scheduler.hold(f"model {loaded.name}", reserve, fits):
-            if loaded.name not in self._models:
-                raise InvalidRequest(f"model {loaded.name} was unloaded: {self._gone.get(loaded.name, 'by its owner')}")
-            self._admit(loaded, plan, loaded.scheduler.reserved - reserve)
-            yield
+        while True:
+            with loaded.scheduler.hold(f"model {loaded.name}", reserve, fits):
+                if loaded.name not in self._models:
+                    raise ModelUnloaded(f"model {loaded.name} was unloaded: "
+                                        f"{self._gone.get(loaded.name, 'by its owner')}")
+                if self._try_admit(loaded, plan, loaded.scheduler.reserved - reserve, waitable=True):
+                    try:
+                        yield
+                    finally:
+                        with self._room:
+                            self._room.notify_all()
+                    return
+            self._wait_for_room(cancel)
+
+    def _try_admit(self, loaded: _Loaded, plan: Plan, others: int = 0, waitable: bool = False) -> bool:
+        """Admit `loaded` (True); False when the room it needs is held by requests another thread runs and
+        `waitable`; otherwise the MemoryBudgetError."""
+        try:
+            self._admit(loaded, plan, others)
+            return True
+        except MemoryBudgetError:
+            me = threading.get_ident()
+            fits = plan.peak + others <= self._pool(loaded.options.device).device_budget
+            others_busy = any(m is not loaded and m.scheduler.busy and not m.scheduler.holds(me)
+                              for m in list(self._models.values()))
+            if waitable and fits and others_busy:
+                return False
+            raise
+
+    def _wait_for_room(self, cancel: threading.Event | None) -> None:
+        """Wait a little for a request to leave a model (`cancel` set: RequestCancelled)."""
+        with self._room:
+            self._room.wait(ROOM_POLL_S)
+        if cancel is not None and cancel.is_set():
+            raise RequestCancelled("the request was cancelled while waiting for memory held by other models")
 
 
 __all__ = ["Runtime", "ModelInfo", "Admission", "Rehearsal", "SynthesisRequest", "MemoryBudgetError"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -254,6 +254,14 @@ class Pool:
             raise MemoryBudgetError(f"model {name} needs {format_bytes(need)} on the device;"
                                     f" the budget is {format_bytes(self.device_budget)}")
         busy = set(busy) - {name}
+        before = type(self._entries)((n, replace(e)) for n, e in self._entries.items())
+        try:
+            return self._admit(name, need, fixed, host, reserve, busy)
+        except MemoryBudgetError:
+            self._entries = before  # all or nothing: the caller applies evictions only on success
+            raise
+
+    def _admit(self, name: str, need: int, fixed: int, host: int, reserve: int, busy: set[str]) -> list[Eviction]:
         self._entries.pop(name, None)
         evictions: list[Eviction] = []
         while self.used()[0] + need > self.device_budget:

@@ -44,6 +44,10 @@ class Scheduler:
         """True while a request runs."""
         return bool(self._owners)
 
+    def holds(self, thread: int) -> bool:
+        """Whether `thread` (an ident) holds the model now."""
+        return thread in self._owners
+
     @property
     def running(self) -> int:
         """Requests holding the model now."""

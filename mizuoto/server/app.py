@@ -199,7 +199,7 @@ async def _ready(request: Request) -> Response:
 async def _metrics(request: Request) -> Response:
     state = _state(request)
     rows = await asyncio.to_thread(state.memory_rows)
-    return PlainTextResponse(state.metrics.render(state.limiter, rows, state.batch_rows()),
+    return PlainTextResponse(state.metrics.render(state.limiter, rows, state.batch_rows(), state.runtime.evictions),
                              media_type="text/plain; version=0.0.4")
 
 

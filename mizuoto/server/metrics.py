@@ -82,10 +82,11 @@ class Metrics:
             self.cancelled += 1
 
     def render(self, admission: Any, memory: list[tuple[str, str, str, int]],
-               batches: list[tuple[str, int, int]] = ()) -> str:
+               batches: list[tuple[str, int, int]] = (), evictions: int = 0) -> str:
         """The exposition text of an Admission's gauges and these counters.
 
-        `memory` rows are (suffix, device, model, bytes); `batches` rows (model, batch width, running).
+        `memory` rows are (suffix, device, model, bytes); `batches` rows (model, batch width, running);
+        `evictions` the runtime's count of models evicted to admit others.
         """
         in_flight, limit, queued = admission.active, admission.limit, admission.queued
         with self._lock:
@@ -103,7 +104,9 @@ class Metrics:
             out += ["# HELP mizuoto_batch_occupancy Requests running on a model over its batch width (0 to 1).",
                     "# TYPE mizuoto_batch_occupancy gauge"]
             out += [f"mizuoto_batch_occupancy{_labels(model=m)} {n / max(w, 1):g}" for m, w, n in batches]
-            out += ["# HELP mizuoto_queue_depth Jobs waiting in the queue for a slot.",
+            out += ["# HELP mizuoto_model_evictions_total Models offloaded or unloaded to make room for others.",
+                    "# TYPE mizuoto_model_evictions_total counter", f"mizuoto_model_evictions_total {evictions}",
+                    "# HELP mizuoto_queue_depth Jobs waiting in the queue for a slot.",
                     "# TYPE mizuoto_queue_depth gauge", f"mizuoto_queue_depth {queued}",
                     "# HELP mizuoto_max_queued Jobs allowed to wait (--max-queued).",
                     "# TYPE mizuoto_max_queued gauge", f"mizuoto_max_queued {admission.max_queued}",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import itertools
 import json
 import logging
 import threading
@@ -13,6 +14,7 @@ from typing import Any
 
 import torch
 
+from mizuoto.errors import MizuotoError, ModelUnloaded
 from mizuoto.runtime.engine import AudioChunk, Reference, SynthesisRequest
 from mizuoto.server.audio import (MEDIA_TYPES, check_finite, decode_base64, decode_reference, encode, pcm16,
                                   wav_header)
@@ -23,6 +25,7 @@ from mizuoto.server.validation import SpeechParams, field_of
 
 log = logging.getLogger("mizuoto.server")
 JOIN_SECONDS = 5.0  # how long a finished request waits for its worker to release the slot
+RELOADS = 3  # times a request loads its model again when another request evicted it before it started
 
 
 class ClientGone(Exception):
@@ -87,11 +90,24 @@ def start_job(state: ServerState, p: SpeechParams, stream: bool, text: str | Ite
                        headers={"Retry-After": str(state.config.retry_after)})
 
     def start(cancel: threading.Event) -> Iterator[AudioChunk]:
-        request = build_request(state, p, inline_reference(state, p), stream, text)
-        try:
-            return state.runtime.synthesize(p.model, request, cancel=cancel)
-        except Exception as e:
-            raise from_exception(e, field_of(str(e))) from None
+        reference = inline_reference(state, p)
+        for attempt in range(RELOADS + 1):
+            request = build_request(state, p, reference, stream, text)
+            try:
+                chunks = state.runtime.synthesize(p.model, request, cancel=cancel)
+                try:
+                    first = next(chunks)  # the model is held from here on
+                except StopIteration:
+                    return iter(())
+            except ModelUnloaded:
+                # evicted by another model's request between loading and holding it: load it again
+                if attempt == RELOADS:
+                    raise
+                continue
+            except MizuotoError as e:
+                raise from_exception(e, field_of(str(e))) from None
+            return itertools.chain([first], chunks)
+        raise AssertionError("unreachable")
 
     loop = asyncio.get_running_loop()
 

@@ -20,6 +20,9 @@ from mizuoto.server.metrics import Metrics
 from mizuoto.server.validation import NAME
 
 
+LOAD_WAIT_S = 300.0  # without a request timeout: how long a catalogue load waits for memory held by running requests
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     """Limits and defaults of a server (each is a `mizuoto serve` flag)."""
@@ -123,7 +126,9 @@ class ServerState:
             if name in self.loaded():
                 return
             self.check_model(name)
-            self.runtime.load(self.catalogue[name], name=name, **self.config.load_options)
+            # when other models' running requests hold the memory, wait for them (as long as a request may run)
+            self.runtime.load(self.catalogue[name], name=name, wait=self.config.request_timeout or LOAD_WAIT_S,
+                              **self.config.load_options)
 
     def loadable(self, path: Path) -> bool:
         """True for a catalogue directory or one inside a --model-root."""

@@ -270,6 +270,14 @@ def wait_idle(client: httpx.Client, timeout: float = 10.0) -> None:
     raise AssertionError(f"jobs still running after {timeout} s: {job_threads()} worker threads")
 
 
+def until(check, what: str, timeout: float = 30.0) -> None:
+    """Wait until check() is true, or fail naming `what`."""
+    end = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
 def resident_bytes() -> int:
     """Resident memory of this process after glibc returns its freed pages (so allocator caching is not growth)."""
     import ctypes
@@ -302,7 +310,7 @@ def h() -> SimpleNamespace:
     """The helpers above, for test modules (conftest is not importable under --import-mode=importlib)."""
     return SimpleNamespace(admin=ADMIN, read_audio=read_audio, wav_base64=wav_base64, tone_seconds=tone_seconds,
                            clip_base64=fixture_clip_base64, ref_text=REF_TEXT,
-                           job_threads=job_threads, wait_idle=wait_idle, resident_bytes=resident_bytes,
+                           job_threads=job_threads, wait_idle=wait_idle, until=until, resident_bytes=resident_bytes,
                            planned_memory=planned_memory,
                            start_server=start_server, make_runtime=make_runtime, write_slow_model=write_slow_model,
                            write_model=write_model, write_gate_model=write_gate_model, new_gate=new_gate,
