@@ -198,10 +198,19 @@ class CosyVoiceFrontend:
             tokens, lengths = tokenizer(mel.to(device), torch.tensor([mel.shape[2]], device=device))
         return tokens[:, :int(lengths[0])].to(torch.int32).cpu()
 
-    def speaker_embedding(self, audio: Audio) -> torch.Tensor:
-        """[1, 192] CAM++ embedding (upstream _extract_spk_embedding)."""
+    def speaker_embedding(self, audio: Audio, onnxruntime_order: bool = False) -> torch.Tensor:
+        """[1, 192] CAM++ embedding (upstream _extract_spk_embedding).
+
+        `onnxruntime_order` evaluates CAM++ in onnxruntime's CPU float32 order (upstream's numbers,
+        not just close ones; about a second per utterance instead of milliseconds): the training
+        features stage uses it, inference does not.
+        """
         speech = self._load(audio, SPEECH_TOKEN_RATE)
         feats = mean_normalize(kaldi_fbank(speech, num_mel_bins=FBANK_BINS, sample_frequency=SPEECH_TOKEN_RATE))
+        if onnxruntime_order:
+            from mizuoto.nn.speaker.campplus_ort import forward_ort_order
+
+            return forward_ort_order(self.campplus, feats.unsqueeze(0)).reshape(1, -1)
         with torch.inference_mode():
             return self.campplus(feats.unsqueeze(0)).float().reshape(1, -1)
 

@@ -8,6 +8,9 @@ and the final affine-free one) are kept. Input: the mean-normalized 80-bin kaldi
 
 Upstream runs it on onnxruntime's CPU provider only, and on a GPU its convolutions move the
 embedding by ~2.4e-4, so it is a fixed module: it always runs on the CPU (`fixed_device`).
+`forward` uses torch's kernels (within ~1e-5 of onnxruntime, relative); campplus_ort.py
+evaluates the same module in onnxruntime's float32 order (its numbers exactly, much slower),
+for the training features.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import mizuoto.nn.speaker.campplus_ort as ort_order
 import mizuoto.runtime.convert.onnx as conv
 from mizuoto.runtime.convert.campplus import load_campplus
 from mizuoto.nn.speaker.campplus import CAMPPlus
@@ -104,3 +105,40 @@ def test_end_to_end_from_the_wav_file(model, clip):
     rel = ((emb - expected).abs().max() / expected.abs().max()).item()
     print(f"{clip} from wav: max|ours-ort|/max|ort| = {rel:.2e}")
     assert emb.shape == expected.shape and rel <= REL
+
+
+@pytest.fixture
+def one_thread():
+    """forward_ort_order is thousands of small elementwise steps: unthreaded is far faster (as the
+    features stage runs it); its numbers do not depend on the thread count."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("clip", _CLIPS)
+@pytest.mark.usefixtures("one_thread")
+def test_onnxruntime_order_gives_onnxruntimes_embedding(model, clip):
+    """forward_ort_order (the training features' CAM++) reproduces onnxruntime's float32 numbers."""
+    ref = load_file(str(_FRONTEND / "refs" / f"{clip}.safetensors"))
+    expected = ref["campplus_embedding"]
+    emb = ort_order.forward_ort_order(model, ref["kaldi_fbank_cmn"].unsqueeze(0))
+    assert emb.shape == expected.shape and emb.dtype == torch.float32
+    diff = (emb - expected).abs().max().item()
+    print(f"{clip}: T={ref['kaldi_fbank_cmn'].shape[0]} onnxruntime order: max|ours-ort| = {diff:.3g}")
+    if ort_order._fused_addcmul():
+        assert torch.equal(emb, expected)
+    else:  # float64 steps round twice: a rare one-ulp difference may remain
+        assert diff <= 6e-6
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_onnxruntime_order_float64_steps_give_the_same_numbers(model, monkeypatch):
+    """Without a fused float32 addcmul the chains step in float64; the result is the same."""
+    clips = json.loads((_FRONTEND / "manifest.json").read_text())["clips"]
+    shortest = min(clips, key=lambda c: clips[c]["num_samples"] / clips[c]["sample_rate"])
+    feats = load_file(str(_FRONTEND / "refs" / f"{shortest}.safetensors"))["kaldi_fbank_cmn"]
+    first = ort_order.forward_ort_order(model, feats)
+    monkeypatch.setattr(ort_order, "_fused_addcmul", lambda: False)
+    assert torch.equal(ort_order.forward_ort_order(model, feats), first)

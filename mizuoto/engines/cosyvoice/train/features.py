@@ -1,7 +1,8 @@
 """The features stage: speech tokens and CAM++ embeddings of every recipe utterance.
 
 What upstream's tools/extract_speech_token.py and tools/extract_embedding.py write, computed by
-Mizuoto's own S3 tokenizer and CAM++ blocks (the front end's), on one thread:
+Mizuoto's own S3 tokenizer and CAM++ blocks (the front end's), on one thread; CAM++ runs in
+onnxruntime's CPU float32 order (nn/speaker/campplus_ort.py), so the embeddings are upstream's:
 `utt2speech_token.pt` (utt -> token ids), `utt2embedding.pt` (utt -> 192 floats) and
 `spk2embedding.pt` (speaker -> the float32 mean of its utterances' embeddings). The three files
 are written only once every utterance has its features.
@@ -47,7 +48,7 @@ def extract_features(model_dir: Path, variant: Variant, config: dict, utts: list
             tokens = frontend.speech_tokens(u.wav).flatten().tolist()
             if not tokens:
                 raise AudioError(f"{u.utt}: audio {u.wav} is shorter than one speech token")
-            embedding = frontend.speaker_embedding(u.wav).flatten().tolist()
+            embedding = frontend.speaker_embedding(u.wav, onnxruntime_order=True).flatten().tolist()
             utt2token[u.utt] = tokens
             utt2emb[u.utt] = embedding
             spk_embs.setdefault(u.spk, []).append(embedding)
