@@ -36,6 +36,9 @@ CASES = [
     ("speed-100", {"speed": 100}, 400, "speed", "speed must be"),
     ("speed-string", {"speed": "fast"}, 400, "speed", "speed must be"),
     ("unsupported-format", {"response_format": "ogg"}, 400, "response_format", "not supported"),
+    # found by the fuzz (test_fuzz.py): a list or an object as the format was a 500 (unhashable)
+    ("format-list", {"response_format": ["wav"]}, 400, "response_format", "not supported"),
+    ("format-object", {"response_format": {}}, 400, "response_format", "not supported"),
     ("unstreamable-format", {"response_format": "flac", "stream_format": "audio"}, 400, "response_format",
      "cannot be streamed"),
     ("bad-stream-format", {"stream_format": "chunks"}, 400, "stream_format", "'audio' or 'sse'"),
