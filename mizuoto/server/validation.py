@@ -18,7 +18,8 @@ SPEECH_FIELDS = ("model", "input", "voice", "instructions", "response_format", "
 
 
 # Names a client chooses (model names, voice ids) appear in headers, metrics and logs: letters,
-# digits and a few separators only ('/' and ':' for hub ids such as org/name).
+# digits and a few separators only ('/' and ':' for hub ids such as org/name). Matched whole
+# (fullmatch): re's '$' alone would let a trailing newline through.
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$")
 
 
@@ -66,7 +67,7 @@ def check_text(value: str, name: str) -> None:
 def name_field(data: dict, name: str, required: bool = False) -> str | None:
     """A model name or voice id: `NAME`'s characters only, so it is safe in headers, metrics and logs."""
     value = text_field(data, name, required=required)
-    if value is not None and not NAME.match(value):
+    if value is not None and not NAME.fullmatch(value):
         raise ApiError(400, f"field '{name}' must be 1-128 letters, digits or '_', '.', ':', '/', '-' "
                             "(starting with a letter or digit)", name)
     return value

@@ -58,6 +58,7 @@ def test_register_multipart(client, h):
     ({"id": "bad id!", "audio": "AAAA"}, "id"),
     ({"audio": "AAAA"}, "id"),
     ({"id": "low", "audio": None}, "id"),
+    ({"id": "alice\n", "audio": None}, "id"),  # re's '$' let it through, into a folder name of the voice store
 ])
 def test_register_refused(client, h, body, field):
     """Missing, corrupt or non-audio uploads and bad or taken ids are refused, naming the field."""
