@@ -92,7 +92,7 @@ class SpeechParams:
 def parse_speech(data: dict, formats: tuple[str, ...], max_chars: int, need_input: bool = True,
                  default_format: str = "wav") -> SpeechParams:
     """Check every field of a speech request; unknown fields are refused so typos do not pass silently."""
-    unknown = sorted(set(data) - set(SPEECH_FIELDS) - {"type"})
+    unknown = sorted(set(data) - set(SPEECH_FIELDS))
     if unknown:
         raise ApiError(400, f"unknown field '{unknown[0]}'; known fields: {', '.join(SPEECH_FIELDS)}", unknown[0])
     fmt = data.get("response_format", default_format)

@@ -65,7 +65,8 @@ def register(state: ServerState, body: bytes, content_type: str) -> dict:
     if not VOICE_ID.fullmatch(voice_id):
         raise ApiError(400, f"voice id {voice_id!r} must be 1-64 letters, digits, '_', '.' or '-'", "id")
     text = text_field(fields, "text", limit=state.config.max_input_chars)
-    model = name_field({"model": fields.get("model") or None}, "model")
+    given = fields.get("model")
+    model = name_field({"model": None if given == "" else given}, "model")  # a form's empty field: no model
     if model is not None:
         state.check_model(model)
     if voice_id in state.voices:

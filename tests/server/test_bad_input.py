@@ -45,6 +45,7 @@ CASES = [
      "cannot be streamed"),
     ("bad-stream-format", {"stream_format": "chunks"}, 400, "stream_format", "'audio' or 'sse'"),
     ("unknown-field", {"temperature": 0.5}, 400, "temperature", "unknown field"),
+    ("type-field", {"type": "session.start"}, 400, "type", "unknown field"),  # a WebSocket message's, not HTTP's
     ("bad-seed", {"seed": -1}, 400, "seed", "non-negative"),
     ("mode-not-supported", {"model": "piper", "voice": None, "ref_audio": _wav(16000)}, 400, "ref_audio",
      "does not support mode"),
