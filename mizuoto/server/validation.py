@@ -13,13 +13,16 @@ from mizuoto.server.audio import missing_format
 from mizuoto.server.errors import ApiError
 
 STREAM_FORMATS = ("audio", "sse")
+SEED_LIMIT = 2**63  # seeds lie in [0, SEED_LIMIT)
+VOICE_CHARS = 128  # longest voice id a request may name
 SPEECH_FIELDS = ("model", "input", "voice", "instructions", "response_format", "speed", "stream_format",
                  "ref_audio", "ref_text", "seed")
 
 
 # Names a client chooses (model names, voice ids) appear in headers, metrics and logs: letters,
 # digits and a few separators only ('/' and ':' for hub ids such as org/name). Matched whole
-# (fullmatch): re's '$' alone would let a trailing newline through.
+# (fullmatch): re's '$' alone would let a trailing newline through. The pattern is also the
+# OpenAPI document's, where '$' means the end.
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$")
 
 
@@ -109,7 +112,7 @@ def parse_speech(data: dict, formats: tuple[str, ...], max_chars: int, need_inpu
             or not lo <= speed <= hi:
         raise ApiError(400, f"speed must be a number between {lo:g} and {hi:g}, got {speed!r}", "speed")
     seed = data.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT):
         raise ApiError(400, f"seed must be a non-negative integer, got {seed!r}", "seed")
     return SpeechParams(
         model=name_field(data, "model", required=True),
@@ -126,11 +129,11 @@ def parse_speech(data: dict, formats: tuple[str, ...], max_chars: int, need_inpu
 
 
 def voice_field(data: dict, name: str = "voice") -> str | None:
-    """A voice id: up to 128 printable characters (any script: models ship voices such as 中文女)."""
+    """A voice id: up to VOICE_CHARS printable characters (any script: models ship voices such as 中文女)."""
     value = text_field(data, name)
-    if value is not None and (len(value) > 128 or any(unicodedata.category(c)[0] == "C" or c in "\u2028\u2029"
-                                                      for c in value)):
-        raise ApiError(400, f"field '{name}' must be a voice id: at most 128 printable characters", name)
+    if value is not None and (len(value) > VOICE_CHARS
+                              or any(unicodedata.category(c)[0] == "C" or c in "\u2028\u2029" for c in value)):
+        raise ApiError(400, f"field '{name}' must be a voice id: at most {VOICE_CHARS} printable characters", name)
     return value
 
 
