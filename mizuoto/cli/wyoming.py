@@ -41,7 +41,7 @@ def _register_voices(state, specs: list[str]) -> None:
 
     for spec in specs:
         voice_id, sep, clip = spec.partition("=")
-        if not sep or not VOICE_ID.match(voice_id):
+        if not sep or not VOICE_ID.fullmatch(voice_id):
             raise InvalidRequest(f"--voice {spec}: use ID=CLIP, the id 1-64 letters, digits, '_', '.' or '-'")
         if voice_id in state.voices:
             raise InvalidRequest(f"--voice {spec}: voice {voice_id!r} is given twice")

@@ -26,6 +26,7 @@ FORMAT = 1
 PROMPT_FILE = "prompt.safetensors"
 META_FILE = "voice.json"
 # A voice id a client registers: safe as a file name, in headers and in logs (other ids are hex-encoded on disk).
+# Match it with fullmatch: re's '$' alone lets a trailing newline through.
 VOICE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _EDGE = 1 << 20  # bytes hashed at each end of a model file
 _MAX_FILES = 4096
@@ -81,7 +82,7 @@ def fingerprint(model_dir: str | Path) -> str:
 
 def _slug(voice_id: str) -> str:
     """A file name for a voice id: the id itself when it is plain, else its hex."""
-    return voice_id if VOICE_ID.match(voice_id) else "~" + voice_id.encode().hex()[:120]
+    return voice_id if VOICE_ID.fullmatch(voice_id) else "~" + voice_id.encode().hex()[:120]
 
 
 class VoiceStore:

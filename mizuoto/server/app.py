@@ -15,7 +15,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route, WebSocketRoute
 
-from mizuoto.server import page, speech, voices, websocket
+from mizuoto import __version__
+from mizuoto.server import openapi, page, speech, voices, websocket
 from mizuoto.server.errors import ApiError, from_exception
 from mizuoto.server.jobs import in_fresh_thread
 from mizuoto.server.malloc import tune_malloc
@@ -57,7 +58,10 @@ async def _body(request: Request, limit: int) -> bytes:
 
 
 def _route(name: str, admin: bool = False):
-    """Wrap a handler: the key it needs is checked first; errors become JSON responses; every answer is counted."""
+    """Wrap a handler: the key it needs is checked first; errors become JSON responses; every answer is counted.
+
+    The endpoint's `auth` ("api" or "admin") is the key it needs, as the OpenAPI document says.
+    """
     def wrap(handler):
         async def endpoint(request: Request) -> Response:
             state = _state(request)
@@ -71,6 +75,7 @@ def _route(name: str, admin: bool = False):
                 response = _error(error)
             state.metrics.request(name, state.model_label(getattr(request.state, "model", "")), response.status_code)
             return response
+        endpoint.auth = "admin" if admin else "api"
         return endpoint
     return wrap
 
@@ -203,6 +208,10 @@ async def _metrics(request: Request) -> Response:
                              media_type="text/plain; version=0.0.4")
 
 
+async def _openapi(request: Request) -> Response:
+    return JSONResponse(request.app.state.openapi)
+
+
 async def _ws(ws) -> None:
     await websocket.session(ws, ws.app.state.mizuoto)
 
@@ -251,6 +260,7 @@ def create_app(runtime: Any, config: ServerConfig | None = None, models: dict[st
         Route("/health", _health, methods=["GET"]),
         Route("/ready", _ready, methods=["GET"]),
         Route("/metrics", _metrics, methods=["GET"]),
+        Route("/openapi.json", _openapi, methods=["GET"]),
         WebSocketRoute("/v1/audio/speech/stream", _ws),
         Route("/", page.index, methods=["GET"]),
         Mount("/web", page.static_files()),
@@ -258,4 +268,7 @@ def create_app(runtime: Any, config: ServerConfig | None = None, models: dict[st
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={HTTPException: _http_error, Exception: _internal_error})
     app.state.mizuoto = state
+    # built once, now: a route without a description (or the reverse) fails here, not at the first GET
+    app.state.openapi = openapi.document(routes, state.formats, state.config.max_input_chars,
+                                         api_key=state.config.api_key is not None, version=__version__)
     return app

@@ -69,7 +69,7 @@ class ServerState:
         self.runtime = runtime
         self.config = config
         for name in models or {}:
-            if not NAME.match(name):
+            if not NAME.fullmatch(name):
                 raise InvalidRequest(f"model name {name!r} must be 1-128 letters, digits or '_', '.', ':', '/', '-' "
                                      "(give it as NAME=DIR)")
         self.catalogue: dict[str, Path] = {k: Path(v) for k, v in (models or {}).items()}

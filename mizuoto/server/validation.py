@@ -13,12 +13,16 @@ from mizuoto.server.audio import missing_format
 from mizuoto.server.errors import ApiError
 
 STREAM_FORMATS = ("audio", "sse")
+SEED_LIMIT = 2**63  # seeds lie in [0, SEED_LIMIT)
+VOICE_CHARS = 128  # longest voice id a request may name
 SPEECH_FIELDS = ("model", "input", "voice", "instructions", "response_format", "speed", "stream_format",
                  "ref_audio", "ref_text", "seed")
 
 
 # Names a client chooses (model names, voice ids) appear in headers, metrics and logs: letters,
-# digits and a few separators only ('/' and ':' for hub ids such as org/name).
+# digits and a few separators only ('/' and ':' for hub ids such as org/name). Matched whole
+# (fullmatch): re's '$' alone would let a trailing newline through. The pattern is also the
+# OpenAPI document's, where '$' means the end.
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$")
 
 
@@ -66,7 +70,7 @@ def check_text(value: str, name: str) -> None:
 def name_field(data: dict, name: str, required: bool = False) -> str | None:
     """A model name or voice id: `NAME`'s characters only, so it is safe in headers, metrics and logs."""
     value = text_field(data, name, required=required)
-    if value is not None and not NAME.match(value):
+    if value is not None and not NAME.fullmatch(value):
         raise ApiError(400, f"field '{name}' must be 1-128 letters, digits or '_', '.', ':', '/', '-' "
                             "(starting with a letter or digit)", name)
     return value
@@ -91,7 +95,7 @@ class SpeechParams:
 def parse_speech(data: dict, formats: tuple[str, ...], max_chars: int, need_input: bool = True,
                  default_format: str = "wav") -> SpeechParams:
     """Check every field of a speech request; unknown fields are refused so typos do not pass silently."""
-    unknown = sorted(set(data) - set(SPEECH_FIELDS) - {"type"})
+    unknown = sorted(set(data) - set(SPEECH_FIELDS))
     if unknown:
         raise ApiError(400, f"unknown field '{unknown[0]}'; known fields: {', '.join(SPEECH_FIELDS)}", unknown[0])
     fmt = data.get("response_format", default_format)
@@ -108,7 +112,7 @@ def parse_speech(data: dict, formats: tuple[str, ...], max_chars: int, need_inpu
             or not lo <= speed <= hi:
         raise ApiError(400, f"speed must be a number between {lo:g} and {hi:g}, got {speed!r}", "speed")
     seed = data.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT):
         raise ApiError(400, f"seed must be a non-negative integer, got {seed!r}", "seed")
     return SpeechParams(
         model=name_field(data, "model", required=True),
@@ -125,11 +129,11 @@ def parse_speech(data: dict, formats: tuple[str, ...], max_chars: int, need_inpu
 
 
 def voice_field(data: dict, name: str = "voice") -> str | None:
-    """A voice id: up to 128 printable characters (any script: models ship voices such as 中文女)."""
+    """A voice id: up to VOICE_CHARS printable characters (any script: models ship voices such as 中文女)."""
     value = text_field(data, name)
-    if value is not None and (len(value) > 128 or any(unicodedata.category(c)[0] == "C" or c in "\u2028\u2029"
-                                                      for c in value)):
-        raise ApiError(400, f"field '{name}' must be a voice id: at most 128 printable characters", name)
+    if value is not None and (len(value) > VOICE_CHARS
+                              or any(unicodedata.category(c)[0] == "C" or c in "\u2028\u2029" for c in value)):
+        raise ApiError(400, f"field '{name}' must be a voice id: at most {VOICE_CHARS} printable characters", name)
     return value
 
 

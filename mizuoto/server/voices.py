@@ -62,10 +62,11 @@ def register(state: ServerState, body: bytes, content_type: str) -> dict:
         raw = text_field(fields, "audio", required=True)
         audio, param = decode_base64(raw, "audio"), "audio"
     voice_id = text_field({"id": fields.get("id", fields.get("name"))}, "id", required=True)  # "name" as an alias
-    if not VOICE_ID.match(voice_id):
+    if not VOICE_ID.fullmatch(voice_id):
         raise ApiError(400, f"voice id {voice_id!r} must be 1-64 letters, digits, '_', '.' or '-'", "id")
     text = text_field(fields, "text", limit=state.config.max_input_chars)
-    model = name_field({"model": fields.get("model") or None}, "model")
+    given = fields.get("model")
+    model = name_field({"model": None if given == "" else given}, "model")  # a form's empty field: no model
     if model is not None:
         state.check_model(model)
     if voice_id in state.voices:

@@ -36,6 +36,17 @@ def test_layout_safetensors_and_json(tmp_path):
     assert meta["fingerprint"] == fingerprint(model_dir) and meta["tensors"] == ["pitch"]
 
 
+def test_odd_ids_are_hex_on_disk(tmp_path):
+    """An id that is not a plain file name (a trailing newline included) is stored under its hex, and restored."""
+    model_dir = write_model(tmp_path / "tone")
+    with _runtime(tmp_path / "voices") as rt:
+        rt.add_voice(rt.load(model_dir), "alice\n", _ref(), None)
+    folders = [p.name for p in (tmp_path / "voices").glob("*/*")]
+    assert folders == ["~" + "alice\n".encode().hex()]
+    with _runtime(tmp_path / "voices") as rt:
+        assert "alice\n" in {v.id for v in rt.voices(rt.load(model_dir))}
+
+
 def test_restore_without_the_front_end(tmp_path, monkeypatch):
     """A new Runtime lists and uses the stored voice; the front end (the tone engine's _listen) never runs."""
     model_dir = write_model(tmp_path / "tone")

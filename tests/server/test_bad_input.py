@@ -36,10 +36,16 @@ CASES = [
     ("speed-100", {"speed": 100}, 400, "speed", "speed must be"),
     ("speed-string", {"speed": "fast"}, 400, "speed", "speed must be"),
     ("unsupported-format", {"response_format": "ogg"}, 400, "response_format", "not supported"),
+    # found by the fuzz (test_fuzz.py): a list or an object as the format was a 500 (unhashable)
+    ("format-list", {"response_format": ["wav"]}, 400, "response_format", "not supported"),
+    ("format-object", {"response_format": {}}, 400, "response_format", "not supported"),
+    # re's '$' let a trailing newline through: such a name reached response headers (a dropped connection)
+    ("model-trailing-newline", {"model": "tone\n"}, 400, "model", "must be 1-128"),
     ("unstreamable-format", {"response_format": "flac", "stream_format": "audio"}, 400, "response_format",
      "cannot be streamed"),
     ("bad-stream-format", {"stream_format": "chunks"}, 400, "stream_format", "'audio' or 'sse'"),
     ("unknown-field", {"temperature": 0.5}, 400, "temperature", "unknown field"),
+    ("type-field", {"type": "session.start"}, 400, "type", "unknown field"),  # a WebSocket message's, not HTTP's
     ("bad-seed", {"seed": -1}, 400, "seed", "non-negative"),
     ("mode-not-supported", {"model": "piper", "voice": None, "ref_audio": _wav(16000)}, 400, "ref_audio",
      "does not support mode"),

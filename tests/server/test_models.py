@@ -66,6 +66,14 @@ def test_load_outside_roots_refused(budget_server, tmp_path_factory, h):
     assert r.status_code == 403
 
 
+def test_load_name_with_newline_refused(budget_server):
+    """A name with a trailing newline is a 400: loaded, it went into a response header and dropped the connection."""
+    c, b_dir = budget_server
+    r = c.post("/v1/models/load", json={"model": "b\n", "path": str(b_dir)})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "model"
+    assert _loaded(c) == {"a": True}
+
+
 def test_model_too_big_for_budget(tmp_path, h):
     """A model that cannot fit the budget is refused with 507 and a plan explanation; the server keeps serving."""
     a = h.write_model(tmp_path / "a")

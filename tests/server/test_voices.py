@@ -58,6 +58,8 @@ def test_register_multipart(client, h):
     ({"id": "bad id!", "audio": "AAAA"}, "id"),
     ({"audio": "AAAA"}, "id"),
     ({"id": "low", "audio": None}, "id"),
+    ({"id": "alice\n", "audio": None}, "id"),  # re's '$' let it through, into a folder name of the voice store
+    ({"id": "x", "audio": None, "model": 0}, "model"),  # a falsy non-string model was read as no model
 ])
 def test_register_refused(client, h, body, field):
     """Missing, corrupt or non-audio uploads and bad or taken ids are refused, naming the field."""
