@@ -147,6 +147,19 @@ def copy_bandwidth_gbs(device: torch.device, nbytes: int = 1 << 30, repeats: int
     return 2 * nbytes * repeats / seconds / 1e9
 
 
+def read_bandwidth_gbs(device: torch.device, nbytes: int, chunk: int = 256 << 20, repeats: int = 3) -> float:
+    """Measured read bandwidth: `nbytes` summed in passes over a `chunk`-byte float32 buffer, best of `repeats`.
+
+    A decode step reads its weights once; this reads as many bytes, in the same threads' way
+    (a buffer far larger than any cache, summed), so the step's achieved GB/s can be set beside it.
+    """
+    buf = torch.ones(max(1, min(chunk, nbytes) // 4), dtype=torch.float32, device=device)
+    passes = max(1, round(nbytes / (buf.numel() * 4)))
+    buf.sum()
+    best = min(_timed(device, lambda: [buf.sum() for _ in range(passes)])[1] for _ in range(repeats))
+    return passes * buf.numel() * 4 / best / 1e9
+
+
 def _audio_seconds(audio: torch.Tensor, rate: int) -> float:
     return audio.shape[-1] / rate
 
@@ -194,6 +207,8 @@ def summarize(runs: Sequence[dict[str, float]], driver: BenchDriver, settings: B
     step_bytes = driver.lm_bytes_per_step(settings.tokens)
     out["lm_bytes_per_step"] = step_bytes
     out["lm_achieved_gb_per_s"] = step_bytes / (med["lm_s"] / settings.tokens) / 1e9
+    out["device_read_gb_per_s"] = read_bandwidth_gbs(driver.device, step_bytes)
+    out["lm_read_fraction"] = out["lm_achieved_gb_per_s"] / out["device_read_gb_per_s"]
     if driver.device.type == "cuda":
         peak, source = (bandwidth, "given") if bandwidth else device_bandwidth_gbs(driver.device)
         out["device_bandwidth_gb_per_s"], out["device_bandwidth_source"] = peak, source
@@ -231,6 +246,9 @@ def format_table(r: dict[str, Any]) -> str:
                f" {100 * r['lm_bandwidth_fraction']:.1f}%")
     if r.get("device_copy_gb_per_s"):
         bw += f"; copy test {r['device_copy_gb_per_s']:.0f} GB/s"
+    if r.get("device_read_gb_per_s"):
+        bw += (f"; a read of the same bytes {r['device_read_gb_per_s']:.1f} GB/s:"
+               f" the step reaches {100 * r['lm_read_fraction']:.0f}% of it")
     rows.append(("LM bandwidth", bw))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

@@ -215,3 +215,14 @@ def test_percentile():
     assert bench._percentile([3.0, 1.0, 2.0, 4.0], 50) == pytest.approx(2.5)
     assert bench._percentile([1.0, 2.0, 3.0, 4.0, 5.0], 95) == pytest.approx(4.8)
     assert bench._percentile([7.0], 95) == 7.0
+
+
+def test_a_read_of_the_step_bytes_is_measured_beside_the_step(capsys, tmp_path):
+    from mizuoto.runtime.bench import read_bandwidth_gbs
+
+    assert read_bandwidth_gbs(torch.device("cpu"), 8 << 20, chunk=1 << 20) > 0
+    run, args = _fake(["--json"], tmp_path)
+    assert run(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["device_read_gb_per_s"] > 0
+    assert out["lm_read_fraction"] == pytest.approx(out["lm_achieved_gb_per_s"] / out["device_read_gb_per_s"])
