@@ -73,9 +73,13 @@ class Row:
         self.stopped = False
 
     def attach(self, cache: Any) -> "Row":
-        """Adopt the KV cache the engine made for this sequence (the LM's `steps=` factory)."""
+        """Adopt the KV cache the engine made for this sequence; the row is then its decode steps."""
         self.cache = cache
         return self
+
+    def compute(self, fn: Callable[[], Any]) -> Any:
+        """fn() on the batch loop's thread (the engine builds its LM input there: no OpenMP team here)."""
+        return self.batcher.call(fn)
 
     def scores(self, inputs: torch.Tensor) -> torch.Tensor:
         """Feed (1, T, hidden) inputs; the head's output for the last position, once the loop has run it."""
@@ -147,9 +151,9 @@ class DecodeBatcher:
         """Rows in use now."""
         return sum(r is not None for r in self.rows)
 
-    def run(self, produce: Callable[[Callable[[Any], Row]], Iterator[int]],
+    def run(self, produce: Callable[[Row], Iterator[int]],
             cancelled: Callable[[], bool] = lambda: False) -> Iterator[int]:
-        """Yield the tokens of `produce(attach)` (the engine's token loop, given `steps=attach`) run in a row.
+        """Yield the tokens of `produce(row)` (the engine's token loop, given `steps=row`) run in a row.
 
         Waits for a free row first. `cancelled()` is polled while waiting; closing the iterator
         (or a cancel) stops the producer at its next step and frees the row.
@@ -159,7 +163,7 @@ class DecodeBatcher:
 
         def producer() -> None:
             try:
-                for token in produce(row.attach):
+                for token in produce(row):
                     tokens.put(token)
                 tokens.put(_END)
             except BaseException as e:  # handed to the consumer
@@ -194,6 +198,8 @@ class DecodeBatcher:
         (docs/performance.md, "Threads"). Calls and steps alternate, so a call holds the rows' next
         step back by at most its own duration.
         """
+        if threading.current_thread() is self._thread:  # already on it (a call inside a call)
+            return fn()
         job = _Call(fn)
         with self.cond:
             if self.closed:

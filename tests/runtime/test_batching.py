@@ -40,9 +40,9 @@ def _head(decoder):
 
 def _greedy(decoder, prompt_len: int, steps: int, seed: int, record: list, feed_at: int | None = None):
     """A token loop in the shape of an engine's `generate(steps=...)`: prefill, then one token at a time."""
-    def produce(attach):
+    def produce(row):
         g = torch.Generator().manual_seed(seed)
-        rows = attach(DynamicKVCache())
+        rows = row.attach(DynamicKVCache())
         x = torch.randn(1, prompt_len, CFG.hidden_size, generator=g)
         for i in range(steps):
             scores = rows.scores(x)
@@ -134,8 +134,8 @@ def test_closing_a_stream_frees_its_row_and_thread(decoder):
 def test_a_failing_loop_reaches_its_consumer_and_a_cancel_stops_a_wait(decoder):
     batcher = DecodeBatcher(decoder, _head(decoder), 2, contextlib.nullcontext, sampler=None)
     try:
-        def broken(attach):
-            attach(DynamicKVCache()).scores(torch.randn(1, 2, CFG.hidden_size))
+        def broken(row):
+            row.attach(DynamicKVCache()).scores(torch.randn(1, 2, CFG.hidden_size))
             raise ValueError("the engine's loop failed")
             yield  # a generator
 
@@ -202,9 +202,12 @@ def test_calls_run_on_the_loop_thread_between_steps(decoder):
         tokens = batcher.run(_greedy(decoder, 4, 30, seed=1, record=[]))
         next(tokens)
         before = batcher.stats()["steps"]
-        for _ in range(3):  # calls alternate with the running row's steps
-            batcher.call(lambda: None)
+        for _ in range(1000):  # calls alternate with the running row's steps: they never starve it
+            batcher.call(lambda: time.sleep(0.001))
+            if batcher.stats()["steps"] > before:
+                break
         assert batcher.stats()["steps"] > before
+        assert batcher.call(lambda: batcher.call(lambda: "nested")) == "nested"  # a call inside a call runs at once
         with pytest.raises(ZeroDivisionError):
             batcher.call(lambda: 1 / 0)
         assert len(list(tokens)) == 29

@@ -172,8 +172,7 @@ class CosyVoiceModel(Model):
         if not self._audio_ok:
             raise InvalidRequest(f"{self.model_dir} cannot take voices from audio: it lacks "
                                  f"{', '.join(self.frontend.missing_files(need_audio=True))}")
-        with self.use("frontend"):
-            prompt = self.frontend.voice_prompt(ref_audio, ref_text)
+        prompt = self._frontend(lambda: self.frontend.voice_prompt(ref_audio, ref_text))
         with self._voices_lock:
             self.cached[voice_id] = prompt
         self.capabilities = self._capabilities()
@@ -282,14 +281,21 @@ class CosyVoiceModel(Model):
             yield AudioChunk(piece, self.sample_rate, index, final)
             index += 1
 
+    def _frontend(self, fn: Any) -> Any:
+        """fn() inside `use("frontend")`; on the batch loop's thread when the LM batches (one compute thread)."""
+        def run() -> Any:
+            with self.use("frontend"):
+                return fn()
+        return run() if self.batcher is None else self.batcher.call(run)
+
     def _voice(self, request: SynthesisRequest, need_text: bool, aligned: bool = True) -> dict[str, torch.Tensor]:
         voice = request.voice
         if isinstance(voice, Reference):
             if not self._audio_ok:
                 raise InvalidRequest(f"{self.model_dir} cannot take voices from audio: it lacks "
                                      f"{', '.join(self.frontend.missing_files(need_audio=True))}")
-            with self.use("frontend"):
-                return self.frontend.voice_prompt(voice.audio, voice.text if need_text else None, aligned)
+            return self._frontend(lambda: self.frontend.voice_prompt(voice.audio, voice.text if need_text else None,
+                                                                     aligned))
         with self._voices_lock:
             if voice in self.presets:
                 return self.presets[voice]
@@ -305,8 +311,7 @@ class CosyVoiceModel(Model):
             prompt = self._voice(request, need_text=False, aligned=False)
             if "flow_prompt_speech_token" not in prompt:
                 raise InvalidRequest("voice conversion needs a reference voice, not a preset speaker")
-            with self.use("frontend"):
-                source = self.frontend.speech_tokens(request.source_audio)
+            source = self._frontend(lambda: self.frontend.speech_tokens(request.source_audio))
             keep = ("flow_prompt_speech_token", "prompt_speech_feat", "flow_embedding")
             return [{**{k: prompt[k] for k in keep}, "source_speech_token": source}]
         is_preset = isinstance(request.voice, str) and request.voice in self.presets

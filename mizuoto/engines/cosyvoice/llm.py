@@ -51,6 +51,12 @@ def drop_silent_runs(tokens: Iterable[int]) -> Iterator[int]:
         yield token
 
 
+def _compute(source: Any | None, fn: Callable[[], Any]) -> Any:
+    """fn() here, or on a batch row's compute thread (`Row.compute`): building LM inputs there keeps
+    this thread from starting an OpenMP team of its own (docs/performance.md, "Threads")."""
+    return fn() if source is None else source.compute(fn)
+
+
 def _row(tokens: torch.Tensor | None, name: str) -> torch.Tensor:
     if tokens is None:
         return torch.zeros(1, 0, dtype=torch.int32)
@@ -127,7 +133,7 @@ class QwenSpeechLM(nn.Module):
                  cache: str = "dynamic", cache_len: int = 0, cuda_graphs: bool = False,
                  max_token_text_ratio: float = MAX_TOKEN_TEXT_RATIO,
                  min_token_text_ratio: float = MIN_TOKEN_TEXT_RATIO,
-                 suppress_stop: bool = False, steps: Callable[[Any], Any] | None = None) -> Iterator[int]:
+                 suppress_stop: bool = False, steps: Any | None = None) -> Iterator[int]:
         """Yield speech token ids as upstream's inference does, drawing from `generator`.
 
         The generator lives on the LM's device (None: the global one, as upstream draws).
@@ -138,11 +144,12 @@ class QwenSpeechLM(nn.Module):
         and a static cache, the one-token step replays CUDA graphs (same tokens); elsewhere this
         is upstream's loop and `cuda_graphs` a logged no-op. `suppress_stop` (benchmarks, not
         upstream) masks every stop id at every step, so exactly `max_len` tokens come. `steps`
-        (a batch row's `attach`) takes the cache and runs the forward passes instead of this thread.
+        (a `runtime.batching.Row`) takes the cache (`attach`) and runs the forward passes and the
+        building of the LM input (`compute`) on its batch loop's thread instead of this one.
         """
         text, prompt_text = _row(text, "text"), _row(prompt_text, "prompt_text")
         prompt_speech_token = _row(prompt_speech_token, "prompt_speech_token")
-        lm_input = self.lm_input(text, prompt_text, prompt_speech_token)
+        lm_input = _compute(steps, lambda: self.lm_input(text, prompt_text, prompt_speech_token))
         min_len = _scaled(text.shape[1], min_token_text_ratio)
         max_len = _scaled(text.shape[1], max_token_text_ratio)
         need = self.cache_positions(lm_input.shape[1], text.shape[1], max_token_text_ratio)
@@ -166,9 +173,9 @@ class QwenSpeechLM(nn.Module):
         """Log-probabilities of the next token from normed hidden states (B, T, H): (V,) for B = 1, else (B, V)."""
         return self.llm_decoder(hidden[:, -1]).log_softmax(dim=-1).squeeze(dim=0)
 
-    def _steps(self, kv, cuda_graphs: bool, steps: Callable[[Any], Any] | None = None) -> Any:
+    def _steps(self, kv, cuda_graphs: bool, steps: Any | None = None) -> Any:
         if steps is not None:
-            return steps(kv)
+            return steps.attach(kv)
         # off CUDA: decoder + head and upstream's sampler, exactly upstream's loop
         return DecodeSteps(self.llm, kv, self.step_head, self.sampler, cuda_graphs=cuda_graphs,
                            what=f"the {self.variant} LM")
@@ -186,7 +193,7 @@ class QwenSpeechLM(nn.Module):
                           prompt_speech_token: torch.Tensor | None = None, *,
                           generator: torch.Generator | None = None, cache: str = "dynamic",
                           cache_len: int = 0, cuda_graphs: bool = False,
-                          steps: Callable[[Any], Any] | None = None) -> Iterator[int]:
+                          steps: Any | None = None) -> Iterator[int]:
         """Upstream's inference_bistream: text arrives in pieces (token rows) while tokens are yielded.
 
         Text and prompt speech are interleaved `mix_ratio` (5 : 15); then every 5 text tokens the
@@ -200,27 +207,37 @@ class QwenSpeechLM(nn.Module):
         n_text, n_speech = self.mix_ratio
         embed, device = self.llm.embed_tokens, self.speech_embedding.weight.device
         prompt_text = prompt_text.to(device)
-        if prompt_speech_token.shape[1] != 0:
-            speech = self.speech_embedding(prompt_speech_token.to(device))
-        else:
-            speech = torch.zeros(1, 0, self.speech_embedding.embedding_dim, device=device)
-        lm_input = self._special("sos")
+        eop = -1
         if self.variant == "CosyVoice3LM":
             ids = prompt_text.flatten().tolist()
             if ENDOFPROMPT_ID not in ids:
                 raise InvalidRequest("CosyVoice 3 needs <|endofprompt|> (token 151646) in the prompt text")
             eop = ids.index(ENDOFPROMPT_ID)
-            lm_input = torch.concat([lm_input, embed(prompt_text[:, :eop + 1])], dim=1)
-            prompt_text = prompt_text[:, eop + 1:]
-        text_cache = embed(prompt_text)
-        next_fill = (int(prompt_speech_token.shape[1] / n_speech) + 1) * n_speech - prompt_speech_token.shape[1]
-        steps = self._steps(self.llm.new_cache(cache, cache_len), cuda_graphs, steps)
-        out: list[int] = []
-        for piece in steps.external(text):
+
+        def prelude() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            if prompt_speech_token.shape[1] != 0:
+                speech = self.speech_embedding(prompt_speech_token.to(device))
+            else:
+                speech = torch.zeros(1, 0, self.speech_embedding.embedding_dim, device=device)
+            lm_input = self._special("sos")
+            if eop >= 0:
+                lm_input = torch.concat([lm_input, embed(prompt_text[:, :eop + 1])], dim=1)
+            return lm_input, embed(prompt_text[:, eop + 1:]), speech
+
+        def take_piece(piece, lm_input, text_cache, speech) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             text_cache = torch.concat([text_cache, embed(_row(piece, "text").to(device))], dim=1)
             while speech.shape[1] != 0 and text_cache.shape[1] >= n_text:
                 lm_input = torch.concat([lm_input, text_cache[:, :n_text], speech[:, :n_speech]], dim=1)
                 text_cache, speech = text_cache[:, n_text:], speech[:, n_speech:]
+            return lm_input, text_cache, speech
+
+        lm_input, text_cache, speech = _compute(steps, prelude)
+        next_fill = (int(prompt_speech_token.shape[1] / n_speech) + 1) * n_speech - prompt_speech_token.shape[1]
+        source = steps
+        steps = self._steps(self.llm.new_cache(cache, cache_len), cuda_graphs, steps)
+        out: list[int] = []
+        for piece in steps.external(text):
+            lm_input, text_cache, speech = _compute(source, lambda: take_piece(piece, lm_input, text_cache, speech))
             if speech.shape[1] != 0:
                 continue
             after_fill = bool(out) and out[-1] == self.fill_token
@@ -228,7 +245,7 @@ class QwenSpeechLM(nn.Module):
                 if text_cache.shape[1] < n_text:
                     continue
                 head = text_cache[:, :n_text]
-                lm_input = head if after_fill else torch.concat([lm_input, head], dim=1)
+                lm_input = head if after_fill else _compute(source, lambda: torch.concat([lm_input, head], dim=1))
                 text_cache = text_cache[:, n_text:]
             while True:
                 scores = steps.scores(lm_input)
@@ -249,7 +266,7 @@ class QwenSpeechLM(nn.Module):
                                        "(upstream raises here too)")
                 yield token
                 lm_input = self.speech_embedding.weight[token].reshape(1, 1, -1)
-        lm_input = torch.concat([lm_input, text_cache, self._special("task_id")], dim=1)
+        lm_input = _compute(source, lambda: torch.concat([lm_input, text_cache, self._special("task_id")], dim=1))
         while True:
             token = self._draw(steps, steps.scores(lm_input), out, generator, ignore_eos=False)
             out.append(token)

@@ -140,7 +140,7 @@ class Synthesizer:
 
         if self.batcher is not None:
             # the batch loop runs the forward passes (in its own `use("llm")`); here the tokens arrive
-            tokens = self.batcher.run(lambda attach: tokens_of(steps=attach), self._cancelled)
+            tokens = self.batcher.run(lambda row: tokens_of(steps=row), self._cancelled)
             gate = lambda: self.use("llm", hold=False)
         else:
             tokens = tokens_of()
@@ -171,7 +171,8 @@ class Synthesizer:
         yield from self.token_filter(raw) if self.token_filter else raw
 
     def _on_compute_thread(self, fn: Callable[[], Any]) -> Any:
-        """fn() here, or on the batch loop's thread when the LM batches (one compute thread per model)."""
+        """fn() here, or on the batch loop's thread when the LM batches (one compute thread per model;
+        a call made on that thread runs at once)."""
         if self.batcher is None:
             return fn()
         if self._cancelled():
@@ -265,6 +266,12 @@ class Synthesizer:
     # -- token2wav ----------------------------------------------------------------------------
     def _token2wav(self, tokens: list[int], inputs: dict[str, Any], state: "_State", gen: torch.Generator, *,
                    offset: int, streaming: bool, finalize: bool, speed: float = 1.0) -> torch.Tensor:
+        # all of a chunk's tensor work (flow, vocoder, crossfades) on the model's compute thread when batched
+        return self._on_compute_thread(lambda: self._token2wav_here(
+            tokens, inputs, state, gen, offset=offset, streaming=streaming, finalize=finalize, speed=speed))
+
+    def _token2wav_here(self, tokens: list[int], inputs: dict[str, Any], state: "_State", gen: torch.Generator, *,
+                        offset: int, streaming: bool, finalize: bool, speed: float = 1.0) -> torch.Tensor:
         s = self.schedule
         if not tokens:
             # The LM may stop at once (a streamed-text final decode allows eos at its first step);
