@@ -78,14 +78,6 @@ class WetextNormalizer:
             return self.lang
         return "zh" if contains_chinese(text) else "en"
 
-    def tag(self, text: str, lang: str) -> str:
-        """The tagger's best token sequence for `text` ('' when the tagger has no path)."""
-        return self._taggers[lang](text)
-
-    def verbalize(self, tagged: str, lang: str) -> str:
-        """Spoken form of a tagged token sequence (fields reordered first)."""
-        return self._verbalizers[lang](reorder(tagged, lang))
-
     def normalize(self, text: str) -> str:
         """wetext 0.0.4 `Normalizer.normalize`: spoken form of the numbers, dates, units... in `text`."""
         if not _DIGIT.search(text):

@@ -169,10 +169,6 @@ class ByteBPE:
         """Special token string -> id, in id order."""
         return dict(sorted(self._specials.items(), key=lambda kv: kv[1]))
 
-    def is_special(self, token_id: int) -> bool:
-        """Whether an id is a special (added) token."""
-        return int(token_id) in self._special_decoder
-
     @property
     def vocab_size(self) -> int:
         """Number of ids, special tokens included."""
