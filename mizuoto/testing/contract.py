@@ -318,6 +318,15 @@ def test_bad_requests_refused_before_work(case):
             rt.synthesize(name, _request(mode, rt.voices(name)))
 
 
+def _cached_voice_request(caps: Capabilities, voice_id: str) -> SynthesisRequest:
+    """A seeded request speaking with a cached voice, in the first voice mode the model has."""
+    mode = next(m for m in ("clone", "cross_lingual", "instruct", "vc") if m in caps.modes)
+    if mode == "vc":
+        return SynthesisRequest(mode=mode, voice=voice_id, source_audio=_reference(), seed=1)
+    extra = {"instruct": "Speak slowly."} if mode == "instruct" else {}
+    return SynthesisRequest(TEXT, mode=mode, voice=voice_id, seed=1, **extra)
+
+
 def test_voice_cache(case):
     """add_voice caches a prompt usable by id when voice_cache is declared; otherwise it is refused."""
     rt, name = _loaded(case)
@@ -329,22 +338,7 @@ def test_voice_cache(case):
     voice = rt.add_voice(name, "contract-voice", _reference(), REF_TEXT)
     assert voice == Voice("contract-voice", "cached", voice.description)
     assert "contract-voice" in [v.id for v in rt.voices(name)]
-    mode = next(m for m in ("clone", "cross_lingual", "instruct", "vc") if m in caps.modes)
-    extra = {"instruct": "Speak slowly."} if mode == "instruct" else {}
-    if mode == "vc":
-        request = SynthesisRequest(mode=mode, voice="contract-voice", source_audio=_reference(), seed=1)
-    else:
-        request = SynthesisRequest(TEXT, mode=mode, voice="contract-voice", seed=1, **extra)
-    _check_chunks(list(rt.synthesize(name, request)), caps, stream=False)
-
-
-def _cached_voice_request(caps: Capabilities, voice_id: str) -> SynthesisRequest:
-    """A seeded request speaking with a cached voice, in the first voice mode the model has."""
-    mode = next(m for m in ("clone", "cross_lingual", "instruct", "vc") if m in caps.modes)
-    if mode == "vc":
-        return SynthesisRequest(mode=mode, voice=voice_id, source_audio=_reference(), seed=1)
-    extra = {"instruct": "Speak slowly."} if mode == "instruct" else {}
-    return SynthesisRequest(TEXT, mode=mode, voice=voice_id, seed=1, **extra)
+    _check_chunks(list(rt.synthesize(name, _cached_voice_request(caps, "contract-voice"))), caps, stream=False)
 
 
 def test_voice_export_import_remove(case):
