@@ -193,18 +193,12 @@ command("wyoming", "run a Wyoming server for Home Assistant's voice pipeline (ne
     _delegated("wyoming", "add_wyoming_arguments", "run_wyoming"))
 
 
-@command("bench", "time each stage of a model on a fixed request (LM, flow, vocoder; --random builds one)")
-def _bench_setup(p: argparse.ArgumentParser) -> Callable:
-    from mizuoto.cli.bench import configure
-
-    return configure(p)
+command("bench", "time each stage of a model on a fixed request (LM, flow, vocoder; --random builds one)")(
+    _delegated("bench", "configure", "run_bench"))
 
 
-@command("train", "fine-tune a model dir on your recordings (features, llm, flow, export)")
-def _train_setup(p: argparse.ArgumentParser) -> Callable:
-    from mizuoto.cli.train import configure
-
-    return configure(p)
+command("train", "fine-tune a model dir on your recordings (features, llm, flow, export)")(
+    _delegated("train", "add_train_arguments", "run_train"))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,8 +10,6 @@ import time
 
 from mizuoto.errors import MizuotoError
 
-HELP = "serve the HTTP API from Ray Serve replicas, models multiplexed per replica (needs mizuoto[ray])"
-
 
 def add_ray_serve_arguments(p: argparse.ArgumentParser) -> None:
     """The ray-serve arguments."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Callable
 
 from mizuoto.errors import InvalidRequest
 
@@ -61,9 +60,3 @@ def run_train(args: argparse.Namespace) -> int:
                        args.device, resume=args.resume, average_num=args.average, **_options(args.train_option))
     run_request(req, on_batch=Progress())
     return 0
-
-
-def configure(p: argparse.ArgumentParser) -> Callable:
-    """Set up the parser; return the runner."""
-    add_train_arguments(p)
-    return run_train

@@ -15,8 +15,6 @@ from pathlib import Path
 
 from mizuoto.cli.serve import _env, _models, add_shared_arguments, shared_config
 
-HELP = "run a Wyoming server for Home Assistant's voice pipeline (needs mizuoto[wyoming])"
-
 
 def add_wyoming_arguments(p: argparse.ArgumentParser) -> None:
     """The wyoming flags, with defaults from the environment."""
