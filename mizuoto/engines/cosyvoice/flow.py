@@ -53,23 +53,15 @@ class CausalMaskedDiffWithXvec(XvecFlow):
         finalize=False: the last pre_lookahead_len tokens only serve as look-ahead (a streaming
         chunk that more tokens will follow); streaming=True: chunked attention.
         """
-        self.check_request(token, prompt_feat, embedding)
-        spks = self.speaker(embedding)
-        xs = self.embed_tokens(prompt_token, token, spks)
+        spks, xs = self.embed_request(token, prompt_token, prompt_feat, embedding)
         xs_lens = torch.tensor([xs.shape[1]], dtype=torch.int32, device=xs.device)
         if finalize:
             h, _ = self.encoder(xs, xs_lens, streaming=streaming)
         else:
             xs, context = xs[:, :-self.pre_lookahead_len], xs[:, -self.pre_lookahead_len:]
             h, _ = self.encoder(xs, xs_lens, context=context, streaming=streaming)
-        mel_len1, mel_len2 = prompt_feat.shape[1], h.shape[1] - prompt_feat.shape[1]
         self.check_frames(h.shape[1])
-        h = self.encoder_proj(h)
-        conds = self.conditions(prompt_feat, mel_len1 + mel_len2, h)
-        mask = self.full_mask(mel_len1 + mel_len2, h)
-        feat = self.decoder(mu=h.transpose(1, 2).contiguous(), mask=mask, spks=spks, cond=conds,
-                            n_timesteps=N_TIMESTEPS, streaming=streaming)
-        return feat[:, :, mel_len1:].float()
+        return self.decode(self.encoder_proj(h), prompt_feat, spks, streaming)
 
 
 class MaskedDiffWithXvec(XvecFlow):
@@ -105,12 +97,10 @@ class MaskedDiffWithXvec(XvecFlow):
                   embedding: torch.Tensor, flow_cache: torch.Tensor | None = None,
                   generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(mel (1, output_size, frames), next flow_cache); noise drawn from `generator`."""
-        self.check_request(token, prompt_feat, embedding)
+        spks, xs = self.embed_request(token, prompt_token, prompt_feat, embedding)
         if flow_cache is None:
             flow_cache = self.empty_cache()
-        spks = self.speaker(embedding)
         token_len1, token_len2 = prompt_token.shape[1], token.shape[1]
-        xs = self.embed_tokens(prompt_token, token, spks)
         xs_lens = torch.tensor([xs.shape[1]], dtype=torch.int32, device=xs.device)
         h, _ = self.encoder(xs, xs_lens)
         h = self.encoder_proj(h)
@@ -153,26 +143,23 @@ def construct(cls: type, node: Tagged, where: str, **extra: Any) -> Any:
         raise ModelLoadError(f"yaml: cannot build {where} ({node.cls}): {exc}") from None
 
 
-def _conformer(node: Tagged, flow: Tagged) -> nn.Module:
-    return construct(ConformerEncoder, node, "flow.encoder")
+# The flow node's sizes, and v2/v3's chunking (mel frames per token, look-ahead tokens), with upstream's defaults.
+_SIZES = {"vocab_size": 4096, "input_size": 512, "output_size": 80, "spk_embed_dim": 192, "input_frame_rate": 50}
+_CHUNKING = {"token_mel_ratio": 2, "pre_lookahead_len": 3}
+
+
+def _args(flow: Tagged, defaults: dict[str, Any]) -> dict[str, Any]:
+    return {k: flow.get(k, default) for k, default in defaults.items()}
 
 
 def _upsample_conformer(node: Tagged, flow: Tagged) -> nn.Module:
-    return construct(UpsampleConformerEncoder, node, "flow.encoder",
-                     pre_lookahead_len=flow.get("pre_lookahead_len", 3),
-                     upsample_stride=flow.get("token_mel_ratio", 2))
-
-
-def _unet(node: Tagged) -> nn.Module:
-    return construct(ConditionalDecoder, node, "flow.decoder.estimator")
-
-
-def _causal_unet(node: Tagged) -> nn.Module:
-    return construct(ConditionalDecoder, node, "flow.decoder.estimator", causal=True)
+    chunking = _args(flow, _CHUNKING)
+    return construct(UpsampleConformerEncoder, node, "flow.encoder", pre_lookahead_len=chunking["pre_lookahead_len"],
+                     upsample_stride=chunking["token_mel_ratio"])
 
 
 ENCODERS: dict[str, Callable[[Tagged, Tagged], nn.Module]] = {
-    "ConformerEncoder": _conformer,
+    "ConformerEncoder": lambda node, flow: construct(ConformerEncoder, node, "flow.encoder"),
     "UpsampleConformerEncoder": _upsample_conformer,
 }
 # Estimator options that only matter for training or for decoding modes upstream never uses here.
@@ -185,8 +172,8 @@ def _dit(node: Tagged) -> nn.Module:
 
 
 ESTIMATORS: dict[str, Callable[[Tagged], nn.Module]] = {
-    "ConditionalDecoder": _unet,
-    "CausalConditionalDecoder": _causal_unet,
+    "ConditionalDecoder": lambda node: construct(ConditionalDecoder, node, "flow.decoder.estimator"),
+    "CausalConditionalDecoder": lambda node: construct(ConditionalDecoder, node, "flow.decoder.estimator", causal=True),
     "DiT": _dit,
 }
 # CFM class -> whether its noise is upstream's fixed seed-0 buffer.
@@ -197,10 +184,7 @@ def build_cfm(node: Tagged, overlap_frames: int | None = None) -> ConditionalCFM
     """The flow-matching decoder of a `flow.decoder` node, with its estimator."""
     if node.cls not in CFM_CLASSES:
         raise ModelLoadError(f"yaml: flow.decoder class {node.cls} is not supported (known: {sorted(CFM_CLASSES)})")
-    params = node.get("cfm_params")
-    content = params.get("content", params.kwargs) if isinstance(params, Tagged) else params
-    if not isinstance(content, dict):
-        raise ModelLoadError("yaml: flow.decoder.cfm_params is missing")
+    content = cfm_params(node)
     if content.get("solver", "euler") != "euler":
         raise ModelLoadError(f"yaml: flow solver {content['solver']!r} is not supported (euler)")
     estimator_node = _node(node.get("estimator"), "flow.decoder.estimator")
@@ -215,6 +199,15 @@ def build_cfm(node: Tagged, overlap_frames: int | None = None) -> ConditionalCFM
         raise ModelLoadError(f"yaml: flow.decoder: {exc}") from None
 
 
+def cfm_params(decoder: Any) -> dict[str, Any]:
+    """A `flow.decoder` node's cfm_params (an omegaconf DictConfig `content` in upstream's yamls)."""
+    params = decoder.get("cfm_params") if isinstance(decoder, Tagged) else None
+    content = params.get("content", params.kwargs) if isinstance(params, Tagged) else params
+    if not isinstance(content, dict):
+        raise ModelLoadError("yaml: flow.decoder.cfm_params is missing")
+    return content
+
+
 def _encoder(flow: Tagged) -> nn.Module:
     node = _node(flow.get("encoder"), "flow.encoder")
     if node.cls not in ENCODERS:
@@ -224,12 +217,8 @@ def _encoder(flow: Tagged) -> nn.Module:
 
 def _build_causal_xvec(config: dict) -> nn.Module:
     flow = config["flow"]
-    return CausalMaskedDiffWithXvec(
-        vocab_size=flow.get("vocab_size", 4096), input_size=flow.get("input_size", 512),
-        output_size=flow.get("output_size", 80), spk_embed_dim=flow.get("spk_embed_dim", 192),
-        input_frame_rate=flow.get("input_frame_rate", 50), token_mel_ratio=flow.get("token_mel_ratio", 2),
-        pre_lookahead_len=flow.get("pre_lookahead_len", 3), encoder=_encoder(flow),
-        decoder=build_cfm(_node(flow.get("decoder"), "flow.decoder")))
+    return CausalMaskedDiffWithXvec(**_args(flow, _SIZES), **_args(flow, _CHUNKING), encoder=_encoder(flow),
+                                    decoder=build_cfm(_node(flow.get("decoder"), "flow.decoder")))
 
 
 def _build_xvec(config: dict) -> nn.Module:
@@ -237,16 +226,14 @@ def _build_xvec(config: dict) -> nn.Module:
     feat = config.get("feat_extractor")
     if not isinstance(feat, Tagged) or "sampling_rate" not in feat.kwargs or "hop_size" not in feat.kwargs:
         raise ModelLoadError("yaml: feat_extractor with sampling_rate and hop_size is needed for the v1 mel rate")
-    frame_rate = flow.get("input_frame_rate", 50)
-    overlap_frames = mel_frames_for_tokens(V1_OVERLAP_TOKENS, frame_rate, feat["sampling_rate"], feat["hop_size"])
+    sizes = _args(flow, _SIZES)
+    overlap_frames = mel_frames_for_tokens(V1_OVERLAP_TOKENS, sizes["input_frame_rate"], feat["sampling_rate"],
+                                           feat["hop_size"])
     regulator = construct(InterpolateRegulator, _node(flow.get("length_regulator"), "flow.length_regulator"),
                           "flow.length_regulator")
-    return MaskedDiffWithXvec(
-        vocab_size=flow.get("vocab_size", 4096), input_size=flow.get("input_size", 512),
-        output_size=flow.get("output_size", 80), spk_embed_dim=flow.get("spk_embed_dim", 192),
-        input_frame_rate=frame_rate, mel_sample_rate=feat["sampling_rate"], mel_hop_length=feat["hop_size"],
-        encoder=_encoder(flow), length_regulator=regulator,
-        decoder=build_cfm(_node(flow.get("decoder"), "flow.decoder"), overlap_frames))
+    return MaskedDiffWithXvec(**sizes, mel_sample_rate=feat["sampling_rate"], mel_hop_length=feat["hop_size"],
+                              encoder=_encoder(flow), length_regulator=regulator,
+                              decoder=build_cfm(_node(flow.get("decoder"), "flow.decoder"), overlap_frames))
 
 
 def _build_dit_flow(config: dict) -> nn.Module:
@@ -254,13 +241,9 @@ def _build_dit_flow(config: dict) -> nn.Module:
     layer = _node(flow.get("pre_lookahead_layer"), "flow.pre_lookahead_layer")
     if layer.cls != "PreLookaheadLayer":
         raise ModelLoadError(f"yaml: flow.pre_lookahead_layer class {layer.cls} is not supported")
-    return CausalMaskedDiffWithDiT(
-        vocab_size=flow.get("vocab_size", 4096), input_size=flow.get("input_size", 512),
-        output_size=flow.get("output_size", 80), spk_embed_dim=flow.get("spk_embed_dim", 192),
-        input_frame_rate=flow.get("input_frame_rate", 50), token_mel_ratio=flow.get("token_mel_ratio", 2),
-        pre_lookahead_len=flow.get("pre_lookahead_len", 3),
-        pre_lookahead_layer=construct(PreLookaheadLayer, layer, "flow.pre_lookahead_layer"),
-        decoder=build_cfm(_node(flow.get("decoder"), "flow.decoder")))
+    return CausalMaskedDiffWithDiT(**_args(flow, _SIZES), **_args(flow, _CHUNKING),
+                                   pre_lookahead_layer=construct(PreLookaheadLayer, layer, "flow.pre_lookahead_layer"),
+                                   decoder=build_cfm(_node(flow.get("decoder"), "flow.decoder")))
 
 
 FLOWS: dict[str, Callable[[dict], nn.Module]] = {

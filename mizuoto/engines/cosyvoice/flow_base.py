@@ -13,6 +13,8 @@ from mizuoto.nn.flow.cfm import FIXED_NOISE_SHAPE
 from mizuoto.nn.transformer.masks import make_pad_mask
 
 N_TIMESTEPS = 10  # upstream's flow.inference always asks the decoder for 10 Euler steps
+
+
 class XvecFlow(nn.Module):
     """What every CosyVoice flow shares: token embedding and the x-vector projection."""
 
@@ -46,6 +48,20 @@ class XvecFlow(nn.Module):
     def full_mask(frames: int, like: torch.Tensor) -> torch.Tensor:
         """(1, 1, frames) ones in like's dtype."""
         return (~make_pad_mask(torch.tensor([frames]))).to(like).unsqueeze(1)
+
+    def embed_request(self, token: torch.Tensor, prompt_token: torch.Tensor, prompt_feat: torch.Tensor,
+                      embedding: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(speaker projection, embedded prompt + target tokens) of a request whose shapes are checked first."""
+        self.check_request(token, prompt_feat, embedding)
+        spks = self.speaker(embedding)
+        return spks, self.embed_tokens(prompt_token, token, spks)
+
+    def decode(self, h: torch.Tensor, prompt_feat: torch.Tensor, spks: torch.Tensor, streaming: bool) -> torch.Tensor:
+        """v2/v3: mel (1, output_size, frames) from mel-rate features h (1, frames, output_size), prompt cut off."""
+        frames = h.shape[1]
+        feat = self.decoder(mu=h.transpose(1, 2).contiguous(), mask=self.full_mask(frames, h), spks=spks,
+                            cond=self.conditions(prompt_feat, frames, h), n_timesteps=N_TIMESTEPS, streaming=streaming)
+        return feat[:, :, prompt_feat.shape[1]:].float()
 
     def check_frames(self, frames: int) -> None:
         """A request longer than the fixed noise buffer (v2/v3) is refused, as upstream cannot run it."""

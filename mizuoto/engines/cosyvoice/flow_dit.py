@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mizuoto.engines.cosyvoice.flow_base import N_TIMESTEPS, XvecFlow
+from mizuoto.engines.cosyvoice.flow_base import XvecFlow
 from mizuoto.nn.flow.cfm import ConditionalCFM
 
 
@@ -28,17 +28,9 @@ class CausalMaskedDiffWithDiT(XvecFlow):
     def inference(self, token: torch.Tensor, prompt_token: torch.Tensor, prompt_feat: torch.Tensor,
                   embedding: torch.Tensor, streaming: bool = False, finalize: bool = True) -> torch.Tensor:
         """Mel (1, output_size, frames) for `token`, the prompt's frames cut off (see CausalMaskedDiffWithXvec)."""
-        self.check_request(token, prompt_feat, embedding)
-        spks = self.speaker(embedding)
-        xs = self.embed_tokens(prompt_token, token, spks)
+        spks, xs = self.embed_request(token, prompt_token, prompt_feat, embedding)
         if finalize:
             h = self.pre_lookahead_layer(xs)
         else:
             h = self.pre_lookahead_layer(xs[:, :-self.pre_lookahead_len], context=xs[:, -self.pre_lookahead_len:])
-        h = h.repeat_interleave(self.token_mel_ratio, dim=1)
-        mel_len1, mel_len2 = prompt_feat.shape[1], h.shape[1] - prompt_feat.shape[1]
-        conds = self.conditions(prompt_feat, mel_len1 + mel_len2, h)
-        mask = self.full_mask(mel_len1 + mel_len2, h)
-        feat = self.decoder(mu=h.transpose(1, 2).contiguous(), mask=mask, spks=spks, cond=conds,
-                            n_timesteps=N_TIMESTEPS, streaming=streaming)
-        return feat[:, :, mel_len1:].float()
+        return self.decode(h.repeat_interleave(self.token_mel_ratio, dim=1), prompt_feat, spks, streaming)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from mizuoto.errors import ModelLoadError
+from mizuoto.engines.cosyvoice.flow import cfm_params
 from mizuoto.nn.transformer.masks import make_pad_mask
 from mizuoto.runtime.hyperyaml import Tagged
 
@@ -29,12 +29,8 @@ class CfmTraining:
 
     @classmethod
     def from_flow_node(cls, flow: Tagged) -> "CfmTraining":
-        """Read flow.decoder.cfm_params (an omegaconf DictConfig `content` in upstream's yamls)."""
-        decoder = flow.get("decoder")
-        params = decoder.get("cfm_params") if isinstance(decoder, Tagged) else None
-        content = params.get("content", params.kwargs) if isinstance(params, Tagged) else params
-        if not isinstance(content, dict):
-            raise ModelLoadError("yaml: flow.decoder.cfm_params is missing")
+        """Read flow.decoder.cfm_params."""
+        content = cfm_params(flow.get("decoder"))
         return cls(float(content.get("sigma_min", 1e-6)), float(content.get("training_cfg_rate", 0.2)))
 
 
@@ -65,15 +61,6 @@ def cfm_loss(decoder, x1: torch.Tensor, mask: torch.Tensor, mu: torch.Tensor, sp
     return F.mse_loss(pred * mask, u * mask, reduction="sum") / (torch.sum(mask) * u.shape[1])
 
 
-def _inputs(flow, batch: dict, device: torch.device):
-    token = batch["speech_token"].to(device)
-    token_len = batch["speech_token_len"].to(device)
-    feat = batch["speech_feat"].to(device)
-    feat_len = batch["speech_feat_len"].to(device)
-    embedding = batch["embedding"].to(device)
-    return token, token_len, feat, feat_len, embedding
-
-
 def _embed(flow, token: torch.Tensor, token_len: torch.Tensor, device: torch.device):
     mask = (~make_pad_mask(token_len)).float().unsqueeze(-1).to(device)
     return flow.input_embedding(torch.clamp(token, min=0)) * mask, mask
@@ -81,13 +68,13 @@ def _embed(flow, token: torch.Tensor, token_len: torch.Tensor, device: torch.dev
 
 def flow_loss(flow, batch: dict, device: torch.device, cfm: CfmTraining, rng=random) -> dict[str, torch.Tensor]:
     """{'loss'} of a flow batch for CosyVoice 1 (MaskedDiffWithXvec), 2 (CausalMaskedDiffWithXvec) or 3 (DiT)."""
-    token, token_len, feat, feat_len, embedding = _inputs(flow, batch, device)
+    token, token_len, feat, feat_len, embedding = (
+        batch[k].to(device) for k in ("speech_token", "speech_token_len", "speech_feat", "speech_feat_len", "embedding"))
     kind = type(flow).__name__
-    streaming = False
-    if kind != "MaskedDiffWithXvec":
-        streaming = True if rng.random() < 0.5 else False
+    streaming = kind != "MaskedDiffWithXvec" and rng.random() < 0.5
     embedding = flow.spk_embed_affine_layer(F.normalize(embedding, dim=1))
     token, token_mask = _embed(flow, token, token_len, device)
+    conds = _conditions(feat, feat_len, rng)  # python draws: independent of the modules' torch draws
     if kind == "MaskedDiffWithXvec":
         h, _ = flow.encoder(token, token_len)
         h = flow.encoder_proj(h)
@@ -95,18 +82,15 @@ def flow_loss(flow, batch: dict, device: torch.device, cfm: CfmTraining, rng=ran
         regulator_mask = (~make_pad_mask(ylens)).to(h).unsqueeze(-1)
         h = F.interpolate(h.transpose(1, 2).contiguous(), size=int(ylens.max()), mode="linear")
         h = flow.length_regulator.model(h).transpose(1, 2).contiguous() * regulator_mask
-        conds = _conditions(feat, feat_len, rng)
         mask = (~make_pad_mask(feat_len)).to(h)
     elif kind == "CausalMaskedDiffWithXvec":
         h, h_masks = flow.encoder(token, token_len, streaming=streaming)
         h = flow.encoder_proj(h)
-        conds = _conditions(feat, feat_len, rng)
         mask = (~make_pad_mask(h_masks.sum(dim=-1).squeeze(dim=1))).to(h)
     else:
         h = flow.pre_lookahead_layer(token)
         h = h.repeat_interleave(flow.token_mel_ratio, dim=1)
         mask = token_mask.repeat_interleave(flow.token_mel_ratio, dim=1).squeeze(dim=-1)
-        conds = _conditions(feat, feat_len, rng)
     loss = cfm_loss(flow.decoder, feat.transpose(1, 2).contiguous(), mask.unsqueeze(1), h.transpose(1, 2).contiguous(),
                     embedding, conds, cfm, streaming)
     return {"loss": loss}
