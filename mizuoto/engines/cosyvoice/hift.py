@@ -47,19 +47,20 @@ def _sizes(node: Any, keys: tuple[str, ...], where: str) -> dict[str, Any]:
     return {k: node.kwargs[k] for k in keys}
 
 
+def _class(node: Any, classes: dict[str, type], where: str) -> type:
+    cls = classes.get(getattr(node, "cls", None))
+    if cls is None:
+        raise ModelLoadError(f"yaml `{where}` is {getattr(node, 'cls', None) or 'missing'}; "
+                             f"expected one of {', '.join(classes)}")
+    return cls
+
+
 def build_hift(config: dict, noise: FixedSourceNoise | None = None) -> nn.Module:
     """An unloaded HiFT as the parsed yaml's `hift` node describes; CosyVoice 3 needs its noise."""
     node = config.get("hift")
-    cls = _GENERATORS.get(getattr(node, "cls", None))
-    if cls is None:
-        raise ModelLoadError(f"yaml `hift` is {getattr(node, 'cls', None) or 'missing'}; "
-                             f"expected one of {', '.join(_GENERATORS)}")
+    cls = _class(node, _GENERATORS, "hift")
     f0_node = node.get("f0_predictor")
-    f0_cls = _F0_PREDICTORS.get(getattr(f0_node, "cls", None))
-    if f0_cls is None:
-        raise ModelLoadError(f"yaml `hift.f0_predictor` is {getattr(f0_node, 'cls', None) or 'missing'}; "
-                             f"expected one of {', '.join(_F0_PREDICTORS)}")
-    f0_predictor = f0_cls(**_sizes(f0_node, _F0_KEYS, "hift.f0_predictor"))
+    f0_predictor = _class(f0_node, _F0_PREDICTORS, "hift.f0_predictor")(**_sizes(f0_node, _F0_KEYS, "hift.f0_predictor"))
     kwargs = _sizes(node, _HIFT_KEYS, "hift")
     if cls is CausalHiFTGenerator:
         if noise is None:

@@ -23,12 +23,25 @@ __all__ = ["HiFTGenerator", "CausalHiFTGenerator", "randn_like"]
 
 
 class _HiFTBase(nn.Module):
-    """What both generators share: sizes, resblocks, the fusion body and the STFT pair."""
+    """What both generators share: their sizes and layers (causal or not), the fusion body and the STFT pair.
 
-    def _init_common(self, base_channels: int, nb_harmonics: int, sampling_rate: int,
-                     upsample_rates: list[int], istft_params: dict, resblock_kernel_sizes: list[int],
-                     resblock_dilation_sizes: list[list[int]], lrelu_slope: float, audio_limit: float,
-                     causal: bool) -> None:
+    Sizes are keyword arguments named as in the yaml `hift` node; only the causal generator takes
+    `conv_pre_look_right` and the construction-time `noise`, and it needs both.
+    """
+
+    causal = False
+
+    def __init__(self, *, in_channels: int, base_channels: int, nb_harmonics: int, sampling_rate: int,
+                 nsf_alpha: float, nsf_sigma: float, nsf_voiced_threshold: float, upsample_rates: list[int],
+                 upsample_kernel_sizes: list[int], istft_params: dict, resblock_kernel_sizes: list[int],
+                 resblock_dilation_sizes: list[list[int]], source_resblock_kernel_sizes: list[int],
+                 source_resblock_dilation_sizes: list[list[int]], lrelu_slope: float, audio_limit: float,
+                 f0_predictor: nn.Module, conv_pre_look_right: int | None = None,
+                 noise: FixedSourceNoise | None = None):
+        super().__init__()
+        causal = self.causal
+        if causal != (conv_pre_look_right is not None and noise is not None):
+            raise TypeError(f"{type(self).__name__} {'needs' if causal else 'takes no'} conv_pre_look_right and noise")
         self.nb_harmonics = nb_harmonics
         self.sampling_rate = sampling_rate
         self.upsample_rates = list(upsample_rates)
@@ -41,19 +54,45 @@ class _HiFTBase(nn.Module):
         # Output samples per mel frame.
         self.upsample_scale = int(np.prod(upsample_rates)) * self.hop_len
         self.f0_upsamp = nn.Upsample(scale_factor=self.upsample_scale)
-        self.resblocks = nn.ModuleList()
-        for i in range(self.num_upsamples):
-            ch = base_channels // (2 ** (i + 1))
-            for k, d in zip(resblock_kernel_sizes, resblock_dilation_sizes):
-                self.resblocks.append(ResBlock(ch, k, d, causal=causal))
+        widths = [base_channels // (2 ** i) for i in range(len(upsample_rates) + 1)]  # channels at each stage
+        bins = self.n_fft + 2  # real and imaginary STFT bins
+        self.resblocks = nn.ModuleList(ResBlock(widths[i + 1], k, d, causal=causal) for i in range(self.num_upsamples)
+                                       for k, d in zip(resblock_kernel_sizes, resblock_dilation_sizes))
         self.reflection_pad = nn.ReflectionPad1d((1, 0))
         self.register_buffer("stft_window", hann_window(self.n_fft), persistent=False)
-
-    @staticmethod
-    def _source_down_rates(upsample_rates: list[int]) -> list[int]:
+        # Upstream picks the generator by rate: the original SineGen only for CosyVoice 1/2 at 22.05 kHz.
+        if sampling_rate == 22050 and not causal:
+            sine = SineGen(sampling_rate, nb_harmonics, nsf_alpha, nsf_sigma, nsf_voiced_threshold)
+        else:
+            sine = SineGen2(sampling_rate, self.upsample_scale, nb_harmonics, nsf_alpha, nsf_sigma,
+                            nsf_voiced_threshold, fixed_noise=noise)
+        self.m_source = SourceModuleHnNSF(sine, nb_harmonics, nsf_alpha)
+        if causal:
+            self.conv_pre_look_right = conv_pre_look_right
+            self.conv_pre = CausalConv1d(in_channels, base_channels, conv_pre_look_right + 1, causal_type="right")
+            self.ups = nn.ModuleList(CausalConv1dUpsample(widths[i], widths[i + 1], k, u)
+                                     for i, (u, k) in enumerate(zip(upsample_rates, upsample_kernel_sizes)))
+        else:
+            self.conv_pre = nn.Conv1d(in_channels, base_channels, 7, 1, padding=3)
+            self.ups = nn.ModuleList(nn.ConvTranspose1d(widths[i], widths[i + 1], k, u, padding=(k - u) // 2)
+                                     for i, (u, k) in enumerate(zip(upsample_rates, upsample_kernel_sizes)))
         # The source STFT is downsampled to each upsampling stage's frame rate.
-        cum = np.cumprod([1] + list(upsample_rates)[::-1][:-1])
-        return [int(u) for u in cum[::-1]]
+        down_rates = [int(u) for u in np.cumprod([1] + list(upsample_rates)[::-1][:-1])[::-1]]
+        self.source_downs = nn.ModuleList()
+        self.source_resblocks = nn.ModuleList()
+        for i, (u, k, d) in enumerate(zip(down_rates, source_resblock_kernel_sizes, source_resblock_dilation_sizes)):
+            ch = widths[i + 1]
+            if causal:
+                down = CausalConv1d(bins, ch, 1, causal_type="left") if u == 1 else CausalConv1dDownSample(bins, ch, u * 2, u)
+            else:
+                down = nn.Conv1d(bins, ch, 1, 1) if u == 1 else nn.Conv1d(bins, ch, u * 2, u, padding=u // 2)
+            self.source_downs.append(down)
+            self.source_resblocks.append(ResBlock(ch, k, d, causal=causal))
+        if causal:
+            self.conv_post = CausalConv1d(widths[-1], bins, 7, causal_type="left")
+        else:
+            self.conv_post = nn.Conv1d(widths[-1], bins, 7, 1, padding=3)
+        self.f0_predictor = f0_predictor
 
     def weight_normed(self) -> list[str]:
         """Names of the convs the checkpoint stores weight-normed (folded here at load)."""
@@ -104,40 +143,6 @@ class _HiFTBase(nn.Module):
 class HiFTGenerator(_HiFTBase):
     """CosyVoice 1/2 HiFT: non-causal convs, source noise drawn from a generator at every call."""
 
-    def __init__(self, *, in_channels: int, base_channels: int, nb_harmonics: int, sampling_rate: int,
-                 nsf_alpha: float, nsf_sigma: float, nsf_voiced_threshold: float, upsample_rates: list[int],
-                 upsample_kernel_sizes: list[int], istft_params: dict, resblock_kernel_sizes: list[int],
-                 resblock_dilation_sizes: list[list[int]], source_resblock_kernel_sizes: list[int],
-                 source_resblock_dilation_sizes: list[list[int]], lrelu_slope: float, audio_limit: float,
-                 f0_predictor: nn.Module):
-        super().__init__()
-        self._init_common(base_channels, nb_harmonics, sampling_rate, upsample_rates, istft_params,
-                          resblock_kernel_sizes, resblock_dilation_sizes, lrelu_slope, audio_limit, causal=False)
-        # Upstream picks the generator by rate: the original SineGen only for 22.05 kHz.
-        if sampling_rate == 22050:
-            sine = SineGen(sampling_rate, nb_harmonics, nsf_alpha, nsf_sigma, nsf_voiced_threshold)
-        else:
-            sine = SineGen2(sampling_rate, self.upsample_scale, nb_harmonics, nsf_alpha, nsf_sigma,
-                            nsf_voiced_threshold)
-        self.m_source = SourceModuleHnNSF(sine, nb_harmonics, nsf_alpha)
-        self.conv_pre = nn.Conv1d(in_channels, base_channels, 7, 1, padding=3)
-        self.ups = nn.ModuleList(
-            nn.ConvTranspose1d(base_channels // (2 ** i), base_channels // (2 ** (i + 1)), k, u, padding=(k - u) // 2)
-            for i, (u, k) in enumerate(zip(upsample_rates, upsample_kernel_sizes)))
-        self.source_downs = nn.ModuleList()
-        self.source_resblocks = nn.ModuleList()
-        rates = self._source_down_rates(upsample_rates)
-        for i, (u, k, d) in enumerate(zip(rates, source_resblock_kernel_sizes, source_resblock_dilation_sizes)):
-            ch = base_channels // (2 ** (i + 1))
-            if u == 1:
-                self.source_downs.append(nn.Conv1d(self.n_fft + 2, ch, 1, 1))
-            else:
-                self.source_downs.append(nn.Conv1d(self.n_fft + 2, ch, u * 2, u, padding=u // 2))
-            self.source_resblocks.append(ResBlock(ch, k, d))
-        ch = base_channels // (2 ** len(upsample_rates))
-        self.conv_post = nn.Conv1d(ch, self.n_fft + 2, 7, 1, padding=3)
-        self.f0_predictor = f0_predictor
-
     def decode(self, x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         """Mel (1, C, T) + source (1, 1, L) -> clamped waveform (1, L)."""
         s_real, s_imag = self._stft(s.squeeze(1))
@@ -169,36 +174,7 @@ class HiFTGenerator(_HiFTBase):
 class CausalHiFTGenerator(_HiFTBase):
     """CosyVoice 3 HiFT: causal convs, fixed construction-time noise, float64 F0 predictor."""
 
-    def __init__(self, *, in_channels: int, base_channels: int, nb_harmonics: int, sampling_rate: int,
-                 nsf_alpha: float, nsf_sigma: float, nsf_voiced_threshold: float, upsample_rates: list[int],
-                 upsample_kernel_sizes: list[int], istft_params: dict, resblock_kernel_sizes: list[int],
-                 resblock_dilation_sizes: list[list[int]], source_resblock_kernel_sizes: list[int],
-                 source_resblock_dilation_sizes: list[list[int]], lrelu_slope: float, audio_limit: float,
-                 conv_pre_look_right: int, f0_predictor: nn.Module, noise: FixedSourceNoise):
-        super().__init__()
-        self._init_common(base_channels, nb_harmonics, sampling_rate, upsample_rates, istft_params,
-                          resblock_kernel_sizes, resblock_dilation_sizes, lrelu_slope, audio_limit, causal=True)
-        sine = SineGen2(sampling_rate, self.upsample_scale, nb_harmonics, nsf_alpha, nsf_sigma,
-                        nsf_voiced_threshold, fixed_noise=noise)
-        self.m_source = SourceModuleHnNSF(sine, nb_harmonics, nsf_alpha)
-        self.conv_pre_look_right = conv_pre_look_right
-        self.conv_pre = CausalConv1d(in_channels, base_channels, conv_pre_look_right + 1, causal_type="right")
-        self.ups = nn.ModuleList(
-            CausalConv1dUpsample(base_channels // (2 ** i), base_channels // (2 ** (i + 1)), k, u)
-            for i, (u, k) in enumerate(zip(upsample_rates, upsample_kernel_sizes)))
-        self.source_downs = nn.ModuleList()
-        self.source_resblocks = nn.ModuleList()
-        rates = self._source_down_rates(upsample_rates)
-        for i, (u, k, d) in enumerate(zip(rates, source_resblock_kernel_sizes, source_resblock_dilation_sizes)):
-            ch = base_channels // (2 ** (i + 1))
-            if u == 1:
-                self.source_downs.append(CausalConv1d(self.n_fft + 2, ch, 1, causal_type="left"))
-            else:
-                self.source_downs.append(CausalConv1dDownSample(self.n_fft + 2, ch, u * 2, u))
-            self.source_resblocks.append(ResBlock(ch, k, d, causal=True))
-        ch = base_channels // (2 ** len(upsample_rates))
-        self.conv_post = CausalConv1d(ch, self.n_fft + 2, 7, causal_type="left")
-        self.f0_predictor = f0_predictor
+    causal = True
 
     def fixed_modules(self, device: torch.device | str) -> list[str]:
         """Children that must not follow the vocoder to `device` (the planner's fixed modules)."""
