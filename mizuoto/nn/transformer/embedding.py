@@ -16,29 +16,27 @@ from torch import nn
 _DEFAULT_MAX_LEN = 5000
 
 
+def _sinusoids(d_model: int, length: int, sign: int = 1) -> torch.Tensor:
+    """(length, d_model): sin and cos of (sign * position) * frequency, interleaved, as upstream computes them."""
+    pe = torch.zeros(length, d_model)
+    position = torch.arange(0, length, dtype=torch.float32).unsqueeze(1)
+    div_term = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * -(math.log(10000.0) / d_model))
+    angle = sign * position * div_term
+    pe[:, 0::2] = torch.sin(angle)
+    pe[:, 1::2] = torch.cos(angle)
+    return pe
+
+
 @functools.lru_cache(maxsize=8)
 def _abs_table(d_model: int, max_len: int) -> torch.Tensor:
-    pe = torch.zeros(max_len, d_model)
-    position = torch.arange(0, max_len, dtype=torch.float32).unsqueeze(1)
-    div_term = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * -(math.log(10000.0) / d_model))
-    pe[:, 0::2] = torch.sin(position * div_term)
-    pe[:, 1::2] = torch.cos(position * div_term)
-    return pe.unsqueeze(0)
+    return _sinusoids(d_model, max_len).unsqueeze(0)
 
 
 @functools.lru_cache(maxsize=8)
 def _espnet_rel_table(d_model: int, length: int) -> torch.Tensor:
-    pe_positive = torch.zeros(length, d_model)
-    pe_negative = torch.zeros(length, d_model)
-    position = torch.arange(0, length, dtype=torch.float32).unsqueeze(1)
-    div_term = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * -(math.log(10000.0) / d_model))
-    pe_positive[:, 0::2] = torch.sin(position * div_term)
-    pe_positive[:, 1::2] = torch.cos(position * div_term)
-    pe_negative[:, 0::2] = torch.sin(-1 * position * div_term)
-    pe_negative[:, 1::2] = torch.cos(-1 * position * div_term)
     # Positive offsets reversed, then negative ones: the layout rel_shift expects.
-    pe_positive = torch.flip(pe_positive, [0]).unsqueeze(0)
-    pe_negative = pe_negative[1:].unsqueeze(0)
+    pe_positive = torch.flip(_sinusoids(d_model, length), [0]).unsqueeze(0)
+    pe_negative = _sinusoids(d_model, length, sign=-1)[1:].unsqueeze(0)
     return torch.cat([pe_positive, pe_negative], dim=1)
 
 

@@ -34,6 +34,12 @@ def make_activation(name: str) -> nn.Module:
     return ACTIVATIONS[name]()
 
 
+def _attention_class(selfattention_layer_type: str) -> type:
+    if selfattention_layer_type not in ATTENTIONS:
+        raise ValueError(f"selfattention_layer_type {selfattention_layer_type!r} is not supported")
+    return ATTENTIONS[selfattention_layer_type]
+
+
 class PositionwiseFeedForward(nn.Module):
     """w_2(dropout(act(w_1(x))))."""
 
@@ -143,10 +149,8 @@ def conformer_layers(n: int, output_size: int, attention_heads: int, linear_unit
     """n conformer layers of one width (shared by ConformerEncoder and the upsampling encoder)."""
     if use_cnn_module:
         raise NotImplementedError("conformer convolution modules are not implemented (use_cnn_module: True)")
-    if selfattention_layer_type not in ATTENTIONS:
-        raise ValueError(f"selfattention_layer_type {selfattention_layer_type!r} is not supported")
+    attn_cls = _attention_class(selfattention_layer_type)
     activation = make_activation(activation_type)  # one module shared by every layer, as upstream
-    attn_cls = ATTENTIONS[selfattention_layer_type]
     return nn.ModuleList([
         ConformerEncoderLayer(
             output_size,
@@ -236,10 +240,8 @@ class TransformerEncoder(BaseEncoder):
                  activation_type: str = "relu"):
         super().__init__(input_size, output_size, dropout_rate, positional_dropout_rate, input_layer,
                          pos_enc_layer_type, normalize_before, static_chunk_size, use_dynamic_chunk)
-        if selfattention_layer_type not in ATTENTIONS:
-            raise ValueError(f"selfattention_layer_type {selfattention_layer_type!r} is not supported")
+        attn_cls = _attention_class(selfattention_layer_type)
         activation = make_activation(activation_type)
-        attn_cls = ATTENTIONS[selfattention_layer_type]
         self.encoders = nn.ModuleList([
             TransformerEncoderLayer(
                 output_size,
