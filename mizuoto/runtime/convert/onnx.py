@@ -103,13 +103,16 @@ class OnnxGraph:
         root = self.root(name)
         return root in self.initializers or root in self._constants
 
-    def array(self, name: str) -> np.ndarray:
-        """The value of a named tensor as a numpy array."""
+    def _proto(self, name: str):
         root = self.root(name)
         proto = self.initializers.get(root) or self._constants.get(root)
         if proto is None:
             raise ModelLoadError(f"{self.path}: no tensor named {name!r}")
-        return np.array(self._to_array(proto))
+        return proto
+
+    def array(self, name: str) -> np.ndarray:
+        """The value of a named tensor as a numpy array."""
+        return np.array(self._to_array(self._proto(name)))
 
     def tensor(self, name: str) -> torch.Tensor:
         """The value of a named tensor as a torch tensor (a copy)."""
@@ -117,11 +120,7 @@ class OnnxGraph:
 
     def shape(self, name: str) -> tuple[int, ...]:
         """The shape of a named tensor, without materializing it."""
-        root = self.root(name)
-        proto = self.initializers.get(root) or self._constants.get(root)
-        if proto is None:
-            raise ModelLoadError(f"{self.path}: no tensor named {name!r}")
-        return tuple(int(d) for d in proto.dims)
+        return tuple(int(d) for d in self._proto(name).dims)
 
     def node(self, name: str):
         """The node called `name`, or a ModelLoadError naming the file and the node."""
@@ -223,16 +222,20 @@ def cache_path(onnx_path: str | Path, key: str) -> Path:
     return model_cache_dir(Path(onnx_path).parent) / f"converted-{key}.safetensors"
 
 
-def _read_verified(path: Path, key: str | None) -> tuple[dict, dict[str, torch.Tensor]] | None:
-    """(config, tensors) of a file we wrote, or None when it is truncated, foreign or stale."""
+def _read_safetensors(path: Path) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
+    """(metadata, tensors) of a safetensors file."""
     from safetensors import safe_open
 
+    with safe_open(str(path), framework="pt") as f:
+        return f.metadata() or {}, {k: f.get_tensor(k) for k in f.keys()}
+
+
+def _read_verified(path: Path, key: str | None) -> tuple[dict, dict[str, torch.Tensor]] | None:
+    """(config, tensors) of a file we wrote, or None when it is truncated, foreign or stale."""
     try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-            if meta.get(_META_FORMAT) != _FORMAT or (key is not None and meta.get(_META_KEY) != key):
-                return None
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        meta, tensors = _read_safetensors(path)
+        if meta.get(_META_FORMAT) != _FORMAT or (key is not None and meta.get(_META_KEY) != key):
+            return None
         if _tensor_digest(tensors) != meta.get(_META_DIGEST):
             return None
         return json.loads(meta[_META_CONFIG]), tensors
@@ -251,12 +254,8 @@ def _write(path: Path, key: str, config: dict, tensors: dict[str, torch.Tensor])
 
 
 def _read_beside(path: Path) -> tuple[dict | None, dict[str, torch.Tensor]]:
-    from safetensors import safe_open
-
     try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        meta, tensors = _read_safetensors(path)
     except Exception as e:
         raise ModelLoadError(f"{path}: not a readable safetensors file ({e})") from None
     config = json.loads(meta[_META_CONFIG]) if _META_CONFIG in meta else None

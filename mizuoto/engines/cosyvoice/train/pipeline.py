@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -32,14 +32,6 @@ from mizuoto.nn.dsp.wav import read_audio
 SHARD_SIZE = 1000           # make_parquet_list.py's num_utts_per_parquet
 MIN_SOURCE_RATE = 16000     # upstream's resample drops audio below this rate
 Sample = dict[str, Any]
-
-
-def _opener(shard_utts: list[list[dict]]) -> Callable:
-    def run(shards: Iterable[int]) -> Iterator[Sample]:
-        for shard in shards:
-            for row in shard_utts[shard]:
-                yield dict(row)
-    return run
 
 
 def tokenize(data: Iterator[Sample], encode: Callable[[str], list[int]]) -> Iterator[Sample]:
@@ -276,7 +268,7 @@ class TrainData(IterableDataset):
         return idx[worker::workers]
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        data: Iterator = _opener(self.shards)(self._shard_indexes())
+        data: Iterator = (dict(row) for shard in self._shard_indexes() for row in self.shards[shard])  # the opener
         for stage in self.stages:
             data = stage.run(data, **stage.kwargs)
         return data
