@@ -22,33 +22,35 @@ def _env(name: str, default: object = None) -> object:
     return os.environ.get(f"MIZUOTO_{name}", default)
 
 
+def _flag(p: argparse.ArgumentParser, flag: str, kind: type | None, default: object, help: str) -> None:
+    """Add `flag` with its default from $MIZUOTO_<FLAG> (named at the end of its help), converted by `kind`."""
+    env = flag[2:].replace("-", "_").upper()
+    value = _env(env, default)
+    p.add_argument(flag, type=kind, default=value if kind is None or value is None else kind(value),
+                   help=f"{help} [MIZUOTO_{env}]")
+
+
 def add_shared_arguments(p: argparse.ArgumentParser) -> None:
     """The flags every server command takes (serve, wyoming): models, budgets, load options, jobs and limits."""
     models = [m for m in str(_env("MODELS", "")).split(os.pathsep) if m]
     p.add_argument("-m", "--model", action="append", default=models, metavar="[NAME=]DIR|ORG/NAME",
                    help="model directory or Hugging Face repo id to serve, loaded at start (repeatable)"
                         " [MIZUOTO_MODELS, ':'-separated]")
-    p.add_argument("--vram", default=_env("VRAM"), help="device memory budget, e.g. 6GiB [MIZUOTO_VRAM]")
-    p.add_argument("--ram", default=_env("RAM"), help="host memory budget, e.g. 16GiB [MIZUOTO_RAM]")
+    _flag(p, "--vram", None, None, "device memory budget, e.g. 6GiB")
+    _flag(p, "--ram", None, None, "host memory budget, e.g. 16GiB")
     add_load_arguments(p, os.environ)
+    # the default stays a string: argparse converts it, so a bad $MIZUOTO_MAX_CONCURRENT is a usage error
     p.add_argument("--max-concurrent", type=int, default=_env("MAX_CONCURRENT"),
                    help="synthesis jobs running at once, over all models; more wait in the queue"
                         " (default: 4, or --max-batch if larger) [MIZUOTO_MAX_CONCURRENT]")
-    p.add_argument("--max-batch", type=int, default=int(_env("MAX_BATCH", 1)),
-                   help="LM batch width of each model (load option compute.batch): up to this many requests to one"
-                        " model share its LM steps; 1 runs them one at a time, upstream's exact path [MIZUOTO_MAX_BATCH]")
-    p.add_argument("--max-queued", type=int, default=int(_env("MAX_QUEUED", 32)),
-                   help="jobs that may wait for a slot (first come, first served); more are refused"
-                        " [MIZUOTO_MAX_QUEUED]")
-    p.add_argument("--queue-timeout", type=float, default=float(_env("QUEUE_TIMEOUT", 120)),
-                   help="seconds a job may wait in the queue before it is refused (0: no limit) [MIZUOTO_QUEUE_TIMEOUT]")
-    p.add_argument("--request-timeout", type=float, default=float(_env("REQUEST_TIMEOUT", 300)),
-                   help="seconds a request may run before it is cancelled (0: none) [MIZUOTO_REQUEST_TIMEOUT]")
-    p.add_argument("--max-input-chars", type=int, default=int(_env("MAX_INPUT_CHARS", 4096)),
-                   help="longest input text [MIZUOTO_MAX_INPUT_CHARS]")
-    p.add_argument("--shutdown-timeout", type=float, default=float(_env("SHUTDOWN_TIMEOUT", 10)),
-                   help="seconds in-flight requests get to finish on shutdown [MIZUOTO_SHUTDOWN_TIMEOUT]")
-    p.add_argument("--log-level", default=_env("LOG_LEVEL", "info"), help="log level [MIZUOTO_LOG_LEVEL]")
+    _flag(p, "--max-batch", int, 1, "LM batch width of each model (load option compute.batch): up to this many requests"
+          " to one model share its LM steps; 1 runs them one at a time, upstream's exact path")
+    _flag(p, "--max-queued", int, 32, "jobs that may wait for a slot (first come, first served); more are refused")
+    _flag(p, "--queue-timeout", float, 120, "seconds a job may wait in the queue before it is refused (0: no limit)")
+    _flag(p, "--request-timeout", float, 300, "seconds a request may run before it is cancelled (0: none)")
+    _flag(p, "--max-input-chars", int, 4096, "longest input text")
+    _flag(p, "--shutdown-timeout", float, 10, "seconds in-flight requests get to finish on shutdown")
+    _flag(p, "--log-level", None, "info", "log level")
 
 
 def shared_config(args: argparse.Namespace) -> dict:
@@ -69,23 +71,17 @@ def shared_config(args: argparse.Namespace) -> dict:
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     """The serve flags, with defaults from the environment."""
-    p.add_argument("--host", default=_env("HOST", "127.0.0.1"), help="address to listen on [MIZUOTO_HOST]")
-    p.add_argument("--port", type=int, default=int(_env("PORT", 8000)), help="port [MIZUOTO_PORT]")
+    _flag(p, "--host", None, "127.0.0.1", "address to listen on")
+    _flag(p, "--port", int, 8000, "port")
     roots = [m for m in str(_env("MODEL_ROOTS", "")).split(os.pathsep) if m]
     p.add_argument("--model-root", action="append", default=roots, metavar="DIR",
                    help="folder whose model directories POST /v1/models/load may load [MIZUOTO_MODEL_ROOTS]")
     add_shared_arguments(p)
-    p.add_argument("--api-key", default=_env("API_KEY"),
-                   help="require `Authorization: Bearer KEY` on /v1/* (/health, /ready, /metrics stay open) [MIZUOTO_API_KEY]")
-    p.add_argument("--admin-key", default=_env("ADMIN_KEY"),
-                   help="key for loading/unloading models and deleting voices; without it those are off"
-                        " [MIZUOTO_ADMIN_KEY]")
-    p.add_argument("--header-timeout", type=float, default=float(_env("HEADER_TIMEOUT", 10)),
-                   help="seconds a connection may take to send its request headers [MIZUOTO_HEADER_TIMEOUT]")
-    p.add_argument("--idle-timeout", type=float, default=float(_env("IDLE_TIMEOUT", 30)),
-                   help="seconds a request body or WebSocket session may stay silent [MIZUOTO_IDLE_TIMEOUT]")
-    p.add_argument("--drain-seconds", type=float, default=float(_env("DRAIN_SECONDS", 2)),
-                   help="on SIGTERM, seconds /ready answers 503 before the listener closes [MIZUOTO_DRAIN_SECONDS]")
+    _flag(p, "--api-key", None, None, "require `Authorization: Bearer KEY` on /v1/* (/health, /ready, /metrics stay open)")
+    _flag(p, "--admin-key", None, None, "key for loading/unloading models and deleting voices; without it those are off")
+    _flag(p, "--header-timeout", float, 10, "seconds a connection may take to send its request headers")
+    _flag(p, "--idle-timeout", float, 30, "seconds a request body or WebSocket session may stay silent")
+    _flag(p, "--drain-seconds", float, 2, "on SIGTERM, seconds /ready answers 503 before the listener closes")
 
 
 def add_serve_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

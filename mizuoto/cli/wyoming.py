@@ -13,7 +13,7 @@ import os
 import signal
 from pathlib import Path
 
-from mizuoto.cli.serve import _env, _models, add_shared_arguments, shared_config
+from mizuoto.cli.serve import _env, _flag, _models, add_shared_arguments, shared_config
 
 
 def add_wyoming_arguments(p: argparse.ArgumentParser) -> None:
@@ -24,9 +24,7 @@ def add_wyoming_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--voice", action="append", default=voices, metavar="ID=CLIP",
                    help="a voice to clone from a reference clip, offered by every model that clones; its transcript"
                         " is read from CLIP's .txt sibling when there is one (repeatable) [MIZUOTO_VOICES]")
-    seed = _env("SEED")
-    p.add_argument("--seed", type=int, default=None if seed is None else int(seed),
-                   help="seed every request: the same text gives the same audio [MIZUOTO_SEED]")
+    _flag(p, "--seed", int, None, "seed every request: the same text gives the same audio")
     add_shared_arguments(p)
 
 

@@ -19,6 +19,7 @@ import yaml
 
 from mizuoto.engines.cosyvoice.train.checkpoint import read_checkpoint
 from mizuoto.errors import InvalidRequest
+from mizuoto.files import atomic_write_bytes
 
 AVERAGE_NUM = 5  # the LibriTTS recipe's average_num
 _EPOCH = re.compile(r"epoch_(\d+)_whole\.yaml")
@@ -27,9 +28,7 @@ _EPOCH = re.compile(r"epoch_(\d+)_whole\.yaml")
 def write_sidecar(path: Path, epoch: int, step: int, loss_dict: dict[str, float], lr: float) -> None:
     """`epoch_<E>_whole.yaml`: what average_model.py reads (tag, epoch, step, the validation losses)."""
     info = {"tag": "CV", "epoch": epoch, "step": step, "lr": lr, "loss_dict": dict(loss_dict)}
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(yaml.safe_dump(info, sort_keys=True), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_bytes(path, yaml.safe_dump(info, sort_keys=True).encode("utf-8"))
 
 
 def best_epochs(exp_dir: Path, num: int = AVERAGE_NUM) -> list[Path]:
