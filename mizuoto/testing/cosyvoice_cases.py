@@ -7,15 +7,13 @@ for several names are resolved through the manifest's `aliases`.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 
-from mizuoto.testing.fixtures import fixtures_root
+from mizuoto.testing.fixtures import fixtures_root, load_tensors, read_manifest
 
 
 @dataclass(frozen=True)
@@ -77,13 +75,7 @@ class Case:
 
 
 def _manifest(path: Path) -> dict[str, Any] | None:
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
-    if isinstance(meta, dict) and "model_dir_relative_to_this_file" in meta and "tensor_file" in meta:
-        return meta
-    return None
+    return read_manifest(path, "model_dir_relative_to_this_file", "tensor_file")
 
 
 def _ref(path: Path, meta: dict[str, Any]) -> CaseRef:
@@ -110,10 +102,7 @@ def load_case(ref: CaseRef | Path) -> Case:
     meta = _manifest(path)
     if meta is None:
         raise ValueError(f"{path} is not a case manifest")
-    tensors = load_file(str(path.parent / meta["tensor_file"]))
-    for name, stored in meta.get("aliases", {}).items():
-        tensors[name] = tensors[stored]
-    return Case(_ref(path, meta), meta, tensors)
+    return Case(_ref(path, meta), meta, load_tensors(path, meta))
 
 
 def assemble_model_dir(model_dir: Path, dest: Path) -> Path:

@@ -16,10 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 
 from mizuoto.runtime.engine import Reference, SynthesisRequest
-from mizuoto.testing.fixtures import assets_root, fixtures_root
+from mizuoto.testing.fixtures import assets_root, fixtures_root, load_tensors, read_manifest
 
 FULL = "full"
 AUDIO = "audio"
@@ -76,24 +75,13 @@ def full_root(root: Path | None = None) -> Path:
 
 def list_full_cases(root: Path | None = None) -> list[Path]:
     """Every case manifest under `full/*/cases/` (a json with `raw_inputs` and `tensor_file`), sorted."""
-    found = []
-    for path in sorted(full_root(root).glob("*/cases/*.json")):
-        try:
-            meta = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
-            continue
-        if isinstance(meta, dict) and "raw_inputs" in meta and "tensor_file" in meta:
-            found.append(path)
-    return found
+    return [p for p in sorted(full_root(root).glob("*/cases/*.json")) if read_manifest(p, "raw_inputs", "tensor_file")]
 
 
 def load_full_case(path: Path) -> FullCase:
     """A case's manifest and tensors."""
     meta = json.loads(path.read_text(encoding="utf-8"))
-    tensors = load_file(str(path.parent / meta["tensor_file"]))
-    for name, stored in meta.get("aliases", {}).items():
-        tensors[name] = tensors[stored]
-    return FullCase(path, meta, tensors)
+    return FullCase(path, meta, load_tensors(path, meta))
 
 
 # -- model dir -----------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 _REPO = Path(__file__).resolve().parents[2]
 
@@ -43,3 +44,22 @@ def read_jsonl(path: Path) -> list[dict]:
     """Every non-empty line of a jsonl file, parsed."""
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def read_manifest(path: Path, *keys: str) -> dict[str, Any] | None:
+    """A json manifest holding every one of `keys`, or None (unreadable, or some other json)."""
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    return meta if isinstance(meta, dict) and all(k in meta for k in keys) else None
+
+
+def load_tensors(path: Path, meta: dict[str, Any]) -> dict:
+    """The tensors of a case manifest at `path`: its `tensor_file`, each of its `aliases` under its own name."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(path.parent / meta["tensor_file"]))
+    for name, stored in meta.get("aliases", {}).items():
+        tensors[name] = tensors[stored]
+    return tensors

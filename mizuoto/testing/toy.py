@@ -76,7 +76,6 @@ class ToneModel(Model):
         self.capabilities = Capabilities(modes=frozenset(MODES), sample_rate=self.rate, stream_out=True, stream_in=True,
                                   languages=tuple(config.get("languages", ())), voice_cache=True)
 
-
     def voices(self) -> list[Voice]:
         return [Voice(k, "preset", f"{v:g} Hz") for k, v in self._presets.items()] + \
                [Voice(k, "cached", f"{v:.1f} Hz") for k, v in self._cached.items()]
