@@ -16,10 +16,7 @@ from torch import nn
 from mizuoto.nn.vocoders.f0 import f0_device
 from mizuoto.nn.vocoders.layers import (CausalConv1d, CausalConv1dDownSample, CausalConv1dUpsample,
                                          ResBlock, hann_window)
-from mizuoto.nn.vocoders.source import (FixedSourceNoise, SineGen, SineGen2, SourceModuleHnNSF,
-                                         randn_like)
-
-__all__ = ["HiFTGenerator", "CausalHiFTGenerator", "randn_like"]
+from mizuoto.nn.vocoders.source import FixedSourceNoise, SineGen, SineGen2, SourceModuleHnNSF
 
 
 class _HiFTBase(nn.Module):
