@@ -32,12 +32,10 @@ def command(name: str, help: str):
     return register
 
 
-def _budgets(p: argparse.ArgumentParser) -> None:
+def _load_arguments(p: argparse.ArgumentParser) -> None:
+    """Budgets, engine and load options: the flags of every command that loads a model."""
     p.add_argument("--vram", help="GPU memory budget, e.g. 4GiB (default: what is free on the GPU)")
     p.add_argument("--ram", help="host memory budget, e.g. 16GiB (default: what is available)")
-
-
-def _load_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", help="engine name (default: detected from the directory)")
     add_load_arguments(p)
 
@@ -66,7 +64,6 @@ def _models_setup(p: argparse.ArgumentParser) -> Callable:
     p.add_argument("dirs", nargs="+", metavar="DIR", help="model directories or Hugging Face repo ids")
     p.add_argument("--plan", action="store_true", help="print each model's memory plan and what admission evicts")
     p.add_argument("--stream", action="store_true", help="plan for streaming requests")
-    _budgets(p)
     _load_arguments(p)
 
     def run(args: argparse.Namespace) -> int:
@@ -143,7 +140,6 @@ def _say_setup(p: argparse.ArgumentParser) -> Callable:
     p.add_argument("--speed", type=float, default=1.0)
     p.add_argument("--stream", action="store_true", help="request streaming synthesis (chunked audio)")
     p.add_argument("--seed", type=int)
-    _budgets(p)
     _load_arguments(p)
 
     def run(args: argparse.Namespace) -> int:

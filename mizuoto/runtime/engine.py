@@ -252,10 +252,6 @@ class AudioChunk:
             raise InvalidRequest(f"audio chunk index must be a non-negative int, got {self.index!r}")
 
 
-def _no_working_memory(request: SynthesisRequest | None) -> int:
-    return 0
-
-
 @dataclass(frozen=True)
 class Stage:
     """A part of a model that runs as a unit and moves between devices as a unit.
@@ -269,7 +265,7 @@ class Stage:
     kind: str
     modules: Mapping[str, torch.nn.Module]
     fixed: frozenset[str] = frozenset()
-    memory: Callable[[SynthesisRequest | None], int] = field(default=_no_working_memory, compare=False)
+    memory: Callable[[SynthesisRequest | None], int] = field(default=lambda request: 0, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fixed", frozenset(self.fixed))

@@ -25,6 +25,10 @@ from mizuoto.nn.lm.qwen import QwenDecoder, attend
 IGNORE_ID = -1
 
 
+def _on(batch: dict, device: torch.device, *keys: str) -> list[torch.Tensor]:
+    return [batch[k].to(device) for k in keys]
+
+
 def pad_mask(lengths: torch.Tensor, max_len: int) -> torch.Tensor:
     """True at padded positions (B, max_len)."""
     steps = torch.arange(0, max_len, dtype=torch.int64, device=lengths.device)
@@ -133,18 +137,15 @@ def _sequences(lm, sos, task_id, text, text_emb, text_len, speech, speech_emb, s
 def qwen_lm_loss(lm, batch: dict, device: torch.device, smoothing: float = 0.0, normalize_length: bool = True,
                  checkpointing: bool = False, rng=random) -> dict[str, torch.Tensor]:
     """{'loss', 'acc'} of a Qwen2LM / CosyVoice3LM batch (upstream Qwen2LM.forward)."""
-    text = batch["text_token"].to(device)
-    text_len = batch["text_token_len"].to(device)
+    text, text_len, speech, speech_len = _on(batch, device, "text_token", "text_token_len", "speech_token",
+                                             "speech_token_len")
     text_emb = lm.llm.embed_tokens(text)
-    speech = batch["speech_token"].to(device)
-    speech_len = batch["speech_token_len"].to(device)
     speech_emb = lm.speech_embedding(speech)
     instruct_emb = instruct_len = None
     if lm.variant == "CosyVoice3LM":
         sos = lm.speech_embedding.weight[lm.sos].reshape(1, 1, -1)
         task_id = lm.speech_embedding.weight[lm.task_id].reshape(1, 1, -1)
-        instruct = batch["instruct_token"].to(device)
-        instruct_len = batch["instruct_token_len"].to(device)
+        instruct, instruct_len = _on(batch, device, "instruct_token", "instruct_token_len")
         instruct_emb = lm.llm.embed_tokens(instruct)
     else:
         sos = lm.llm_embedding.weight[0].reshape(1, 1, -1)
@@ -162,11 +163,8 @@ def qwen_lm_loss(lm, batch: dict, device: torch.device, smoothing: float = 0.0, 
 def transformer_lm_loss(lm, batch: dict, device: torch.device, smoothing: float = 0.0,
                         normalize_length: bool = True) -> dict[str, torch.Tensor]:
     """{'loss', 'acc'} of a CosyVoice 1 TransformerLM batch (upstream TransformerLM.forward)."""
-    text = batch["text_token"].to(device)
-    text_len = batch["text_token_len"].to(device)
-    speech = batch["speech_token"].to(device)
-    speech_len = batch["speech_token_len"].to(device)
-    embedding = batch["embedding"].to(device)
+    text, text_len, speech, speech_len, embedding = _on(batch, device, "text_token", "text_token_len", "speech_token",
+                                                        "speech_token_len", "embedding")
     targets = [torch.tensor([IGNORE_ID] * (2 + int(text_len[i])) + speech[i, :speech_len[i]].tolist()
                             + [lm.speech_token_size]) for i in range(text.size(0))]
     target = pad_sequence(targets, batch_first=True, padding_value=IGNORE_ID).to(device)
