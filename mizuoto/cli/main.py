@@ -15,21 +15,21 @@ from mizuoto.runtime.options import add_load_arguments, options_from_args
 COMMANDS: dict[str, tuple[str, Callable]] = {}
 
 
-def _delegated(module: str, add: str, run: str) -> Callable:
-    """The setup of a command whose flags and runner live in mizuoto.cli.<module> (imported when the parser is built)."""
-    def setup(p: argparse.ArgumentParser) -> Callable:
-        mod = importlib.import_module(f"mizuoto.cli.{module}")
-        getattr(mod, add)(p)
-        return getattr(mod, run)
-    return setup
-
-
 def command(name: str, help: str):
     """Register a subcommand: the decorated function sets up its parser and returns its runner."""
     def register(setup: Callable) -> Callable:
         COMMANDS[name] = (help, setup)
         return setup
     return register
+
+
+def _delegated(name: str, module: str, add: str, run: str, help: str) -> None:
+    """Register a command whose flags (`add`) and runner (`run`) live in mizuoto.cli.<module> (imported lazily)."""
+    def setup(p: argparse.ArgumentParser) -> Callable:
+        mod = importlib.import_module(f"mizuoto.cli.{module}")
+        getattr(mod, add)(p)
+        return getattr(mod, run)
+    COMMANDS[name] = (help, setup)
 
 
 def _load_arguments(p: argparse.ArgumentParser) -> None:
@@ -177,24 +177,16 @@ def write_wav(path: str | Path, chunks: Iterable) -> tuple[float, int, int]:
     return audio.numel() / rate, rate, len(pieces)
 
 
-command("serve", "run the HTTP server (OpenAI-style /v1/audio/speech; needs mizuoto[server])")(
-    _delegated("serve", "add_serve_arguments", "run_serve"))
-
-
-command("ray-serve", "serve the HTTP API from Ray Serve replicas, models multiplexed per replica (needs mizuoto[ray])")(
-    _delegated("ray_serve", "add_ray_serve_arguments", "run_ray_serve"))
-
-
-command("wyoming", "run a Wyoming server for Home Assistant's voice pipeline (needs mizuoto[wyoming])")(
-    _delegated("wyoming", "add_wyoming_arguments", "run_wyoming"))
-
-
-command("bench", "time each stage of a model on a fixed request (LM, flow, vocoder; --random builds one)")(
-    _delegated("bench", "configure", "run_bench"))
-
-
-command("train", "fine-tune a model dir on your recordings (features, llm, flow, export)")(
-    _delegated("train", "add_train_arguments", "run_train"))
+_delegated("serve", "serve", "add_serve_arguments", "run_serve",
+           "run the HTTP server (OpenAI-style /v1/audio/speech; needs mizuoto[server])")
+_delegated("ray-serve", "ray_serve", "add_ray_serve_arguments", "run_ray_serve",
+           "serve the HTTP API from Ray Serve replicas, models multiplexed per replica (needs mizuoto[ray])")
+_delegated("wyoming", "wyoming", "add_wyoming_arguments", "run_wyoming",
+           "run a Wyoming server for Home Assistant's voice pipeline (needs mizuoto[wyoming])")
+_delegated("bench", "bench", "configure", "run_bench",
+           "time each stage of a model on a fixed request (LM, flow, vocoder; --random builds one)")
+_delegated("train", "train", "add_train_arguments", "run_train",
+           "fine-tune a model dir on your recordings (features, llm, flow, export)")
 
 
 def build_parser() -> argparse.ArgumentParser:
