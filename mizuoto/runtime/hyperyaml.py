@@ -69,13 +69,9 @@ def _tag_constructor(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> A
     return Tagged(kind, target, args=[] if value in ("", None) else [value])
 
 
-def _ref_constructor(loader: yaml.SafeLoader, node: yaml.Node) -> _Ref:
-    return _Ref(str(loader.construct_scalar(node)))
-
-
 for _kind in ("new", "name", "apply"):
     _Loader.add_multi_constructor(f"!{_kind}:", lambda l, s, n, k=_kind: _tag_constructor(l, f"{k}:{s}", n))
-_Loader.add_constructor("!ref", _ref_constructor)
+_Loader.add_constructor("!ref", lambda loader, node: _Ref(str(loader.construct_scalar(node))))
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
         ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.USub: operator.neg}

@@ -55,13 +55,11 @@ class Case:
         return f"{self.engine}:{self.model_dir.parent.name}/{self.model_dir.name}"
 
 
-def _wanted_engines(module) -> tuple[list[str], bool]:
-    """(engine names, named explicitly)."""
+def _wanted_engines(module) -> list[str]:
+    """The engines CONTRACT_ENGINES and $MIZUOTO_CONTRACT_ENGINES name, else every importable registered one."""
     names = list(getattr(module, "CONTRACT_ENGINES", ()) or ())
     names += [n for n in os.environ.get(ENV_ENGINES, "").split(",") if n.strip()]
-    if names:
-        return sorted(set(n.strip() for n in names)), True
-    return sorted(default_registry().load_all()), False
+    return sorted(set(n.strip() for n in names)) if names else sorted(default_registry().load_all())
 
 
 def _model_dirs(module) -> list[Path]:
@@ -104,7 +102,7 @@ def _collected_engines(request) -> dict[str, set[str]]:
 
 def pytest_generate_tests(metafunc) -> None:
     """Parametrize `engine_name` over the engines and `case` over (engine, model dir) pairs."""
-    engines, _ = _wanted_engines(metafunc.module)
+    engines = _wanted_engines(metafunc.module)
     if "engine_name" in metafunc.fixturenames:
         metafunc.parametrize("engine_name", engines)
     if "case" in metafunc.fixturenames:
@@ -190,7 +188,7 @@ def test_engine_has_a_model(engine_name, request):
         except Exception as exc:
             errors.append(f"{d}: {type(exc).__name__}: {exc}")
     assert not errors, f"{engine_name}.detect() raised (it must return a falsy value instead): " + "; ".join(errors)
-    engines, _ = _wanted_engines(request.module)
+    engines = _wanted_engines(request.module)
     found = [c for c in _cases(request.module, engines) if c.engine == engine_name]
     assert found, (f"no model directory for engine {engine_name!r}: list some in ${ENV_MODELS}, CONTRACT_MODELS"
                    " or the plugin's mizuoto_example_models hook")
