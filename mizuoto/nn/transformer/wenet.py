@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mizuoto.nn.transformer.attention import ATTENTIONS
+from mizuoto.nn.transformer.attention import _NO_CACHE, _NO_MASK, ATTENTIONS
 from mizuoto.nn.transformer.embedding import make_input_layer
 from mizuoto.nn.transformer.masks import add_optional_chunk_mask, make_pad_mask
 
@@ -22,9 +22,6 @@ ACTIVATIONS = {
     "swish": nn.SiLU,
     "gelu": nn.GELU,
 }
-
-_NO_MASK = torch.ones((0, 0, 0), dtype=torch.bool)
-_NO_CACHE = torch.zeros((0, 0, 0, 0))
 
 
 def make_activation(name: str) -> nn.Module:

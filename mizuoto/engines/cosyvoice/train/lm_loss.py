@@ -21,18 +21,13 @@ from torch.nn.utils.rnn import pad_sequence, unpad_sequence
 from torch.utils.checkpoint import checkpoint
 
 from mizuoto.nn.lm.qwen import QwenDecoder, attend
+from mizuoto.nn.transformer.masks import make_pad_mask
 
 IGNORE_ID = -1
 
 
 def _on(batch: dict, device: torch.device, *keys: str) -> list[torch.Tensor]:
     return [batch[k].to(device) for k in keys]
-
-
-def pad_mask(lengths: torch.Tensor, max_len: int) -> torch.Tensor:
-    """True at padded positions (B, max_len)."""
-    steps = torch.arange(0, max_len, dtype=torch.int64, device=lengths.device)
-    return steps.unsqueeze(0).expand(lengths.size(0), max_len) >= lengths.unsqueeze(-1)
 
 
 def causal_mask_451(valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
@@ -57,7 +52,7 @@ def _qwen_layer(dec: QwenDecoder, i: int, x, cos, sin, mask):
 def qwen_hidden(dec: QwenDecoder, xs: torch.Tensor, lengths: torch.Tensor, checkpointing: bool = False) -> torch.Tensor:
     """Qwen2Model's last hidden states (normed) of padded inputs, as upstream's Qwen2Encoder.forward."""
     t = xs.size(1)
-    valid = ~pad_mask(lengths, t)
+    valid = ~make_pad_mask(lengths, t)
     positions = torch.arange(0, t, device=xs.device).unsqueeze(0)
     cos, sin = dec.rope(positions, xs.dtype)
     mask = causal_mask_451(valid, xs.dtype)
