@@ -33,6 +33,16 @@ CAMPPLUS = "campplus.onnx"
 Audio = Any  # a path, bytes, or (samples, sample_rate)
 
 
+def _lazy(make: Callable[[Any], Any]) -> property:
+    """A part of the front end built by `make(self)` on first use, once, under the front end's lock."""
+    def get(self: "CosyVoiceFrontend") -> Any:
+        with self._lock:
+            if make.__name__ not in self._parts:
+                self._parts[make.__name__] = make(self)
+            return self._parts[make.__name__]
+    return property(get, doc=make.__doc__)
+
+
 class CosyVoiceFrontend:
     """Text and voice-prompt processing for one CosyVoice model directory."""
 
@@ -64,13 +74,6 @@ class CosyVoiceFrontend:
             found["whisper"] = whisper_vocab_dir(self.model_dir)
         return found
 
-    # -- lazily loaded parts -------------------------------------------------------------------
-    def _part(self, name: str, make: Callable[[], Any]) -> Any:
-        with self._lock:
-            if name not in self._parts:
-                self._parts[name] = make()
-            return self._parts[name]
-
     def missing_files(self, need_audio: bool) -> list[str]:
         """Files this directory lacks for text (and, with need_audio, voice-prompt) processing."""
         missing = []
@@ -84,55 +87,47 @@ class CosyVoiceFrontend:
                     missing.append(name)
         return missing
 
-    @property
+    # -- lazily loaded parts -------------------------------------------------------------------
+    @_lazy
     def tokenizer(self):
         """The model's text tokenizer (Qwen2 BPE for v2/v3, Whisper tiktoken for v1)."""
-        def make():
-            from mizuoto.text.tokenize import QwenTokenizer, WhisperTokenizer
+        from mizuoto.text.tokenize import QwenTokenizer, WhisperTokenizer
 
-            if self.variant.text_tokenizer == "whisper":
-                return WhisperTokenizer.from_file(self.resources["whisper"] / WHISPER_TIKTOKEN)
-            blank_en = self.model_dir / BLANK_EN
-            missing = [n for n in ("vocab.json", "merges.txt") if not (blank_en / n).is_file()]
-            if missing:
-                raise ModelLoadError(f"{blank_en} lacks the tokenizer files {', '.join(missing)}")
-            version = self.config.get("get_tokenizer").get("version", "cosyvoice2") \
-                if self.config.get("get_tokenizer") is not None else "cosyvoice2"
-            return QwenTokenizer.from_dir(blank_en, version=version)
-        return self._part("tokenizer", make)
+        if self.variant.text_tokenizer == "whisper":
+            return WhisperTokenizer.from_file(self.resources["whisper"] / WHISPER_TIKTOKEN)
+        blank_en = self.model_dir / BLANK_EN
+        missing = [n for n in ("vocab.json", "merges.txt") if not (blank_en / n).is_file()]
+        if missing:
+            raise ModelLoadError(f"{blank_en} lacks the tokenizer files {', '.join(missing)}")
+        version = (self.config.get("get_tokenizer") or {}).get("version", "cosyvoice2")
+        return QwenTokenizer.from_dir(blank_en, version=version)
 
-    @property
+    @_lazy
     def text_frontend(self):
         """Upstream's text_normalize over the verified wetext FSTs (the shared resource cosyvoice/wetext)."""
-        def make():
-            from mizuoto.text.normalize import TextFrontend, WetextNormalizer
+        from mizuoto.text.normalize import TextFrontend, WetextNormalizer
 
-            return TextFrontend(WetextNormalizer(self.resources.get("wetext") or fst_dir()), self.tokenizer.encode)
-        return self._part("text_frontend", make)
+        return TextFrontend(WetextNormalizer(self.resources.get("wetext") or fst_dir()), self.tokenizer.encode)
 
-    @property
+    @_lazy
     def speech_tokenizer(self):
         """The S3 speech tokenizer of this generation, built from its ONNX file."""
-        def make():
-            from mizuoto.runtime.convert.s3tokenizer import load_s3tokenizer
+        from mizuoto.runtime.convert.s3tokenizer import load_s3tokenizer
 
-            path = self.model_dir / self.variant.speech_tokenizer
-            if not path.is_file():
-                raise ModelLoadError(f"{path} is missing: voice prompts from audio need it")
-            return load_s3tokenizer(path, self.progress).to(self.device).eval()
-        return self._part("speech_tokenizer", make)
+        path = self.model_dir / self.variant.speech_tokenizer
+        if not path.is_file():
+            raise ModelLoadError(f"{path} is missing: voice prompts from audio need it")
+        return load_s3tokenizer(path, self.progress).to(self.device).eval()
 
-    @property
+    @_lazy
     def campplus(self):
         """CAM++ speaker encoder; always on the CPU, as upstream's onnxruntime CPU session."""
-        def make():
-            from mizuoto.runtime.convert.campplus import load_campplus
+        from mizuoto.runtime.convert.campplus import load_campplus
 
-            path = self.model_dir / CAMPPLUS
-            if not path.is_file():
-                raise ModelLoadError(f"{path} is missing: voice prompts from audio need it")
-            return load_campplus(path, self.progress).eval()
-        return self._part("campplus", make)
+        path = self.model_dir / CAMPPLUS
+        if not path.is_file():
+            raise ModelLoadError(f"{path} is missing: voice prompts from audio need it")
+        return load_campplus(path, self.progress).eval()
 
     # -- text ----------------------------------------------------------------------------------
     def segments(self, text: str) -> list[str]:
