@@ -71,18 +71,13 @@ def build_hift(config: dict, noise: FixedSourceNoise | None = None) -> nn.Module
     return cls(**kwargs, f0_predictor=f0_predictor)
 
 
-def _fold_target(model: nn.Module, name: str, device: torch.device) -> tuple[torch.device, torch.dtype]:
-    """Device and dtype the weight of module `name` will be computed in."""
-    weight = model.get_parameter(f"{name}.weight")
-    if name.startswith("f0_predictor.") and isinstance(model, CausalHiFTGenerator):
-        return f0_device(device), weight.dtype
-    return device, weight.dtype
-
-
 def _weight_norm_fold(model: nn.Module, name: str, shape: torch.Size, device: torch.device, where: str):
-    """The Fold function of weight-normed layer `name`: g and v checked, folded where it will run."""
+    """The Fold function of weight-normed layer `name`: g and v checked, folded where it will run, in its dtype."""
     g_shape = (shape[0],) + (1,) * (len(shape) - 1)
-    target_device, dtype = _fold_target(model, name, device)
+    dtype = model.get_parameter(f"{name}.weight").dtype
+    # CosyVoice 3's float64 F0 predictor runs where float64 does (CausalHiFTGenerator.place)
+    causal_f0 = name.startswith("f0_predictor.") and isinstance(model, CausalHiFTGenerator)
+    target_device = f0_device(device) if causal_f0 else device
 
     def fold(g: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if tuple(v.shape) != tuple(shape) or tuple(g.shape) != g_shape:

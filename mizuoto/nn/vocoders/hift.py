@@ -113,6 +113,25 @@ class _HiFTBase(nn.Module):
         return torch.istft(torch.complex(real, img), self.n_fft, self.hop_len, self.n_fft,
                            window=self.stft_window.to(magnitude.device))
 
+    def decode(self, x: torch.Tensor, s: torch.Tensor, finalize: bool = True) -> torch.Tensor:
+        """Mel (1, C, T) + source (1, 1, L) -> clamped waveform (1, L).
+
+        finalize=False is the causal generator's streaming step: conv_pre's look-ahead frames are
+        its right context, and the samples they would complete are not emitted.
+        """
+        s_real, s_imag = self._stft(s.squeeze(1))
+        if finalize:
+            x = self.conv_pre(x)
+        else:
+            look = self.conv_pre_look_right
+            x = self.conv_pre(x[:, :, :-look], x[:, :, -look:])
+            cut = int(np.prod(self.upsample_rates)) * look
+            s_real, s_imag = s_real[:, :, :-cut], s_imag[:, :, :-cut]
+        x = self._body(x, torch.cat([s_real, s_imag], dim=1))
+        if not finalize:
+            x = x[:, :-self.upsample_scale]
+        return torch.clamp(x, -self.audio_limit, self.audio_limit)
+
     def _body(self, x: torch.Tensor, s_stft: torch.Tensor) -> torch.Tensor:
         """conv_pre output + source STFT -> waveform (before clamping)."""
         for i in range(self.num_upsamples):
@@ -139,13 +158,6 @@ class _HiFTBase(nn.Module):
 
 class HiFTGenerator(_HiFTBase):
     """CosyVoice 1/2 HiFT: non-causal convs, source noise drawn from a generator at every call."""
-
-    def decode(self, x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-        """Mel (1, C, T) + source (1, 1, L) -> clamped waveform (1, L)."""
-        s_real, s_imag = self._stft(s.squeeze(1))
-        s_stft = torch.cat([s_real, s_imag], dim=1)
-        x = self._body(self.conv_pre(x), s_stft)
-        return torch.clamp(x, -self.audio_limit, self.audio_limit)
 
     @torch.inference_mode()
     def inference(self, speech_feat: torch.Tensor, cache_source: torch.Tensor | None = None,
@@ -191,22 +203,6 @@ class CausalHiFTGenerator(_HiFTBase):
         param = self.f0_predictor.classifier.weight
         f0 = self.f0_predictor(speech_feat.to(param.device, param.dtype), finalize=finalize)
         return f0.to(speech_feat)
-
-    def decode(self, x: torch.Tensor, s: torch.Tensor, finalize: bool = True) -> torch.Tensor:
-        """Mel + source -> clamped waveform; without finalize the look-ahead tail is not emitted."""
-        s_real, s_imag = self._stft(s.squeeze(1))
-        if finalize:
-            x = self.conv_pre(x)
-        else:
-            look = self.conv_pre_look_right
-            x = self.conv_pre(x[:, :, :-look], x[:, :, -look:])
-            cut = int(np.prod(self.upsample_rates)) * look
-            s_real, s_imag = s_real[:, :, :-cut], s_imag[:, :, :-cut]
-        s_stft = torch.cat([s_real, s_imag], dim=1)
-        x = self._body(x, s_stft)
-        if not finalize:
-            x = x[:, :-self.upsample_scale]
-        return torch.clamp(x, -self.audio_limit, self.audio_limit)
 
     @torch.inference_mode()
     def inference(self, speech_feat: torch.Tensor, finalize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
