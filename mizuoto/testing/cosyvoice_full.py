@@ -207,9 +207,7 @@ def request_for(meta: dict[str, Any], *, stream: bool | None = None) -> Synthesi
     if mode == "vc":
         return SynthesisRequest(voice=Reference(str(audio_file(meta, "prompt_wav"))),
                                 source_audio=str(audio_file(meta, "source_wav")), **common)
-    if "spk_id" in raw:
-        return SynthesisRequest(text, voice=raw["spk_id"], instruct=raw.get("instruct_text"), **common)
-    voice = Reference(str(audio_file(meta, "prompt_wav")), raw.get("prompt_text"))
+    voice = raw["spk_id"] if "spk_id" in raw else Reference(str(audio_file(meta, "prompt_wav")), raw.get("prompt_text"))
     return SynthesisRequest(text, voice=voice, instruct=raw.get("instruct_text"), **common)
 
 

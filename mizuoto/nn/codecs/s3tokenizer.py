@@ -10,7 +10,6 @@ graphs, so tokens equal onnxruntime's except on frames that sit on a decision bo
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 from torch import nn

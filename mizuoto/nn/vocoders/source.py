@@ -67,18 +67,13 @@ class SineGen(nn.Module):
         return sine_waves.transpose(1, 2), uv.transpose(1, 2), noise
 
 
-class SineGen2(nn.Module):
+class SineGen2(SineGen):
     """CosyVoice 2/3 (24 kHz) sine generator: phase integrated at frame rate, then upsampled."""
 
     def __init__(self, sampling_rate: int, upsample_scale: int, harmonic_num: int, sine_amp: float,
                  noise_std: float, voiced_threshold: float, fixed_noise: FixedSourceNoise | None = None):
-        super().__init__()
-        self.sampling_rate = sampling_rate
+        super().__init__(sampling_rate, harmonic_num, sine_amp, noise_std, voiced_threshold)
         self.upsample_scale = upsample_scale
-        self.harmonic_num = harmonic_num
-        self.sine_amp = sine_amp
-        self.noise_std = noise_std
-        self.voiced_threshold = voiced_threshold
         # Causal (CosyVoice 3) generators use construction-time noise and nearest-neighbour
         # phase upsampling; the others draw at every call and upsample linearly.
         self.fixed_noise = fixed_noise

@@ -19,6 +19,7 @@ from mizuoto.engines.cosyvoice.train.parquet import find_data_list
 from mizuoto.engines.cosyvoice.train.features import FILES, extract_features, write_features
 from mizuoto.engines.cosyvoice.train.recipe import check_audio, read_recipe
 from mizuoto.engines.cosyvoice.train.session import StageSpec, log_json, open_model_dir, run_training, train_config
+from mizuoto.engines.cosyvoice.variants import Variant
 from mizuoto.errors import InvalidRequest
 from mizuoto.files import atomic_write_bytes
 
@@ -50,8 +51,8 @@ def _last_epoch(exp_dir: Path) -> Path | None:
     return max(found)[1] if found else None
 
 
-def check_request(req: TrainRequest) -> tuple[str, ...]:
-    """The stages to run, after every check that needs no heavy work."""
+def check_request(req: TrainRequest) -> tuple[tuple[str, ...], Variant, dict]:
+    """The stages to run and the start dir's variant and yaml, after every check that needs no heavy work."""
     if req.method not in METHODS:
         raise InvalidRequest(f"--method {req.method!r} is not one of {', '.join(METHODS)}")
     stages = req.stages or METHODS[req.method]
@@ -83,7 +84,7 @@ def check_request(req: TrainRequest) -> tuple[str, ...]:
             folder = req.out_dir / stage
             if folder.exists() and any(folder.iterdir()):
                 raise InvalidRequest(f"{folder} already holds a run (pass --resume to continue it)")
-    return stages
+    return stages, variant, model_config
 
 
 def _spec(req: TrainRequest, model: str, checkpoint: Path | None = None) -> StageSpec:
@@ -94,8 +95,7 @@ def _spec(req: TrainRequest, model: str, checkpoint: Path | None = None) -> Stag
 def run_request(req: TrainRequest, say: Callable[[str], None] = print,
                 on_batch: Callable | None = None) -> Path | None:
     """Run the request's stages in order; the export's path when it ran."""
-    stages = check_request(req)
-    variant, model_config = open_model_dir(req.model_dir)
+    stages, variant, model_config = check_request(req)
     exported = None
     for stage in stages:
         if stage == "features":
