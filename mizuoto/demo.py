@@ -182,14 +182,12 @@ def main(argv: list[str] | None = None, out: Path = OUTPUT) -> int:
     except Exception as e:
         if args.debug:
             raise
-        if isinstance(e, MizuotoError):
-            message = " ".join(str(e).split())
-            if not isinstance(e, DemoError):  # an error before any step could name its fix
-                message += f"; run {_Commands(args.as_make, args.model_dir).debug} for details"
-            print(f"demo: error: {message}", file=sys.stderr)
-        else:
-            print(f"demo: internal error ({type(e).__name__}): {' '.join(str(e).split())}"
-                  f" (run {_Commands(args.as_make, args.model_dir).debug} for the traceback)", file=sys.stderr)
+        debug = _Commands(args.as_make, args.model_dir).debug
+        if not isinstance(e, MizuotoError):
+            kind, hint = f"internal error ({type(e).__name__})", f" (run {debug} for the traceback)"
+        else:  # a DemoError names its fix; an error before any step could name one points to the details
+            kind, hint = "error", "" if isinstance(e, DemoError) else f"; run {debug} for details"
+        print(f"demo: {kind}: {' '.join(str(e).split())}{hint}", file=sys.stderr)
         return 1
     print(f"demo: {used}")
     return 0
