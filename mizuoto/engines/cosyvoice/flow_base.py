@@ -21,7 +21,6 @@ class XvecFlow(nn.Module):
     def __init__(self, vocab_size: int, input_size: int, output_size: int, spk_embed_dim: int,
                  input_frame_rate: int):
         super().__init__()
-        self.input_size = input_size
         self.output_size = output_size
         self.input_frame_rate = input_frame_rate
         self.input_embedding = nn.Embedding(vocab_size, input_size)

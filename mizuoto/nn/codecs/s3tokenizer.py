@@ -119,7 +119,6 @@ class S3Tokenizer(nn.Module):
             self.fsq_scale = fsq_scale
             self.register_buffer("fsq_powers", fsq_levels ** torch.arange(fsq_dim, dtype=torch.float32),
                                  persistent=False)
-        self.codebook_size = codebook_size if quantizer == "vq" else fsq_levels ** fsq_dim
         self.max_frames = MAX_SECONDS * FRAMES_PER_SECOND
 
     def _out_len(self, lengths: torch.Tensor, stride: int) -> torch.Tensor:

@@ -126,7 +126,6 @@ class Upsample1D(nn.Module):
 
     def __init__(self, channels: int):
         super().__init__()
-        self.channels = channels
         self.conv = nn.ConvTranspose1d(channels, channels, 4, 2, 1)
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
@@ -227,11 +226,9 @@ class ConditionalDecoder(nn.Module):
         super().__init__()
         channels = tuple(channels)
         self.in_channels = in_channels
-        self.out_channels = out_channels
         self.causal = causal
         self.static_chunk_size = static_chunk_size
-        # Kept for the config's sake: upstream's forward always attends to every left chunk.
-        self.num_decoding_left_chunks = num_decoding_left_chunks
+        # num_decoding_left_chunks is accepted and unused: upstream's forward attends to every left chunk.
         self.time_embeddings = SinusoidalPosEmb(in_channels)
         time_embed_dim = channels[0] * 4
         self.time_mlp = TimestepEmbedding(in_channels, time_embed_dim)

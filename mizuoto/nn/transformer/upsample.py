@@ -23,8 +23,6 @@ class Upsample1D(nn.Module):
 
     def __init__(self, channels: int, out_channels: int, stride: int = 2):
         super().__init__()
-        self.channels = channels
-        self.out_channels = out_channels
         self.stride = stride
         self.conv = nn.Conv1d(channels, out_channels, stride * 2 + 1, stride=1, padding=0)
 
@@ -40,8 +38,6 @@ class PreLookaheadLayer(nn.Module):
 
     def __init__(self, in_channels: int, channels: int, pre_lookahead_len: int = 1):
         super().__init__()
-        self.in_channels = in_channels
-        self.channels = channels
         self.pre_lookahead_len = pre_lookahead_len
         self.conv1 = nn.Conv1d(in_channels, channels, kernel_size=pre_lookahead_len + 1, stride=1, padding=0)
         self.conv2 = nn.Conv1d(channels, in_channels, kernel_size=3, stride=1, padding=0)

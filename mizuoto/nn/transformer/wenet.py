@@ -63,7 +63,6 @@ class TransformerEncoderLayer(nn.Module):
         self.norm1 = nn.LayerNorm(size, eps=1e-12)
         self.norm2 = nn.LayerNorm(size, eps=1e-12)
         self.dropout = nn.Dropout(dropout_rate)
-        self.size = size
         self.normalize_before = normalize_before
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, pos_emb: torch.Tensor,
@@ -106,7 +105,6 @@ class ConformerEncoderLayer(nn.Module):
         else:
             self.ff_scale = 1.0
         self.dropout = nn.Dropout(dropout_rate)
-        self.size = size
         self.normalize_before = normalize_before
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, pos_emb: torch.Tensor,

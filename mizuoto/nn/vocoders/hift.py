@@ -39,8 +39,6 @@ class _HiFTBase(nn.Module):
         causal = self.causal
         if causal != (conv_pre_look_right is not None and noise is not None):
             raise TypeError(f"{type(self).__name__} {'needs' if causal else 'takes no'} conv_pre_look_right and noise")
-        self.nb_harmonics = nb_harmonics
-        self.sampling_rate = sampling_rate
         self.upsample_rates = list(upsample_rates)
         self.n_fft = int(istft_params["n_fft"])
         self.hop_len = int(istft_params["hop_len"])
