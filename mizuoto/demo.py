@@ -91,11 +91,10 @@ def _presets(rt: Runtime, name: str) -> list[str]:
 
 def _request(rt: Runtime, name: str, text: str, voice: str | Reference) -> SynthesisRequest:
     """A request for `voice` in a mode the model has (an instruction added where presets need one)."""
-    request = SynthesisRequest(text, voice=voice, seed=0)
     modes = rt.model(name).capabilities.modes
-    if isinstance(voice, str) and "preset" not in modes and "instruct" in modes:
-        request = SynthesisRequest(text, voice=voice, instruct=INSTRUCT, seed=0)
-    return check_request(request, rt.model(name), str(rt.info(name).path))
+    instruct = INSTRUCT if isinstance(voice, str) and "preset" not in modes and "instruct" in modes else None
+    return check_request(SynthesisRequest(text, voice=voice, instruct=instruct, seed=0), rt.model(name),
+                         str(rt.info(name).path))
 
 
 def _make_reference(rt: Runtime, model: str, out: Path, options: LoadOptions,

@@ -108,12 +108,6 @@ def load_wav(source: AudioSource | AudioArray, target_rate: int, source_rate: in
     return speech
 
 
-def _channels_last(audio: AudioArray) -> np.ndarray:
-    t = _as_tensor(audio, "audio to write")
-    t = t.unsqueeze(0) if t.dim() == 1 else t
-    return t.detach().cpu().numpy().T
-
-
 def quantize_pcm(samples: np.ndarray, bits: int) -> np.ndarray:
     """Float samples -> int16 (16 bits) or left-justified int32 (24 bits), round(x * 2^(bits-1)), clipped."""
     if bits not in (16, 24):
@@ -127,7 +121,8 @@ def quantize_pcm(samples: np.ndarray, bits: int) -> np.ndarray:
 
 def encode_audio(audio: AudioArray, sample_rate: int, fmt: str, subtype: str) -> bytes:
     """Encode [N] or [C, N] float audio to the bytes of a file (fmt "WAV" or "FLAC")."""
-    frames = _channels_last(audio)
+    t = _as_tensor(audio, "audio to write")
+    frames = (t.unsqueeze(0) if t.dim() == 1 else t).detach().cpu().numpy().T  # [frames, channels]
     if subtype.startswith("PCM_"):
         frames = quantize_pcm(frames, int(subtype[4:]))
     buf = io.BytesIO()
