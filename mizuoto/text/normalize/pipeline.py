@@ -24,12 +24,6 @@ class Normalizer(Protocol):
     def normalize(self, text: str) -> str: ...
 
 
-def _number_to_words() -> Callable[[str], str]:
-    import inflect  # slow to import (typeguard); only the English path needs it
-
-    return inflect.engine().number_to_words
-
-
 class TextFrontend:
     """Text normalization and sentence splitting as upstream's frontend does with wetext.
 
@@ -50,7 +44,9 @@ class TextFrontend:
     def number_to_words(self, digits: str) -> str:
         """inflect 7.3.1's English reading of a digit run (upstream's `spell_out_number`)."""
         if self._spell is None:
-            self._spell = _number_to_words()
+            import inflect  # slow to import (typeguard); only the English path needs it
+
+            self._spell = inflect.engine().number_to_words
         return self._spell(digits)
 
     def normalize_text(self, text: str) -> tuple[str, str]:
