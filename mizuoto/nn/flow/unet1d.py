@@ -109,28 +109,16 @@ class ResnetBlock1D(nn.Module):
         return h + self.res_conv(x * mask)
 
 
-class Downsample1D(nn.Module):
-    """Stride-2 conv3 (not causal, even in the causal U-Net, as upstream)."""
+class Resampled(nn.Module):
+    """A length-changing conv kept under the name `conv`, as upstream's Downsample1D / Upsample1D hold theirs."""
 
-    def __init__(self, dim: int):
+    def __init__(self, conv: nn.Module):
         super().__init__()
-        self.conv = nn.Conv1d(dim, dim, 3, 2, 1)
+        self.conv = conv
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, C, T) -> (B, C, ceil(T / 2))."""
+        """(B, C, T) -> (B, C, T')."""
         return self.conv(x)
-
-
-class Upsample1D(nn.Module):
-    """Transposed conv (kernel 4, stride 2) doubling the length."""
-
-    def __init__(self, channels: int):
-        super().__init__()
-        self.conv = nn.ConvTranspose1d(channels, channels, 4, 2, 1)
-
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        """(B, C, T) -> (B, C, 2T)."""
-        return self.conv(inputs)
 
 
 class GELU(nn.Module):
@@ -248,7 +236,9 @@ class ConditionalDecoder(nn.Module):
         for i, width in enumerate(channels):
             input_channel, output_channel = output_channel, width
             is_last = i == len(channels) - 1
-            down = same_length_conv(output_channel) if is_last else Downsample1D(output_channel)
+            # upstream's Downsample1D: a stride-2 conv3, not causal even in the causal U-Net
+            down = same_length_conv(output_channel) if is_last else \
+                Resampled(nn.Conv1d(output_channel, output_channel, 3, 2, 1))
             self.down_blocks.append(nn.ModuleList([resnet(input_channel, output_channel),
                                                    transformers(output_channel), down]))
         self.mid_blocks = nn.ModuleList([
@@ -260,7 +250,9 @@ class ConditionalDecoder(nn.Module):
         for i in range(len(up_channels) - 1):
             input_channel, output_channel = up_channels[i] * 2, up_channels[i + 1]
             is_last = i == len(up_channels) - 2
-            up = same_length_conv(output_channel) if is_last else Upsample1D(output_channel)
+            # upstream's Upsample1D: a transposed conv (kernel 4, stride 2) doubling the length
+            up = same_length_conv(output_channel) if is_last else \
+                Resampled(nn.ConvTranspose1d(output_channel, output_channel, 4, 2, 1))
             self.up_blocks.append(nn.ModuleList([resnet(input_channel, output_channel),
                                                  transformers(output_channel), up]))
         self.final_block = Block1D(up_channels[-1], up_channels[-1], causal=causal)
