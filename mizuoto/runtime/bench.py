@@ -289,7 +289,6 @@ def _clients(n: int, work: Callable[[], Any]) -> tuple[list[Any], float]:
     barrier = threading.Barrier(n + 1)
     results: list[Any] = []
     errors: list[BaseException] = []
-    start = [0.0]
 
     def client() -> None:
         try:
@@ -301,11 +300,11 @@ def _clients(n: int, work: Callable[[], Any]) -> tuple[list[Any], float]:
     threads = [threading.Thread(target=client, name="mizuoto-bench-client") for _ in range(n)]
     for t in threads:
         t.start()
-    start[0] = time.perf_counter()
+    start = time.perf_counter()
     barrier.wait()
     for t in threads:
         t.join()
-    wall = time.perf_counter() - start[0]
+    wall = time.perf_counter() - start
     if errors:
         raise errors[0]
     return results, wall

@@ -356,7 +356,8 @@ class Model(abc.ABC):
     def turn_lock(self) -> threading.RLock:
         """The lock a batched model's stage calls (and module moves) take turns on; one per model."""
         # made on first use: subclasses need not call a base __init__
-        return self.__dict__.setdefault("_turn_lock", threading.RLock())
+        lock = self.__dict__.get("_turn_lock")
+        return lock if lock is not None else self.__dict__.setdefault("_turn_lock", threading.RLock())
 
     def stage(self, name: str) -> Stage:
         """The stage called `name`."""

@@ -65,7 +65,7 @@ class Scheduler:
         me = threading.get_ident()
         if me in self._owners:
             raise InvalidRequest(f"a request on {name} is still open in this thread; finish or close it first")
-        width = max(1, int(getattr(self.model, "batch_width", 1)))
+        width = max(1, self.model.batch_width)
         with self._cond:
             while len(self._owners) >= width or (self._owners and fits is not None and not fits(self.reserved)):
                 self._cond.wait()
@@ -86,7 +86,7 @@ class Scheduler:
 
     def _turn(self) -> contextlib.AbstractContextManager:
         # a batched model may be running other requests' stage calls: moves wait for their turn
-        return self.model.turn_lock() if getattr(self.model, "batch_width", 1) > 1 else contextlib.nullcontext()
+        return self.model.turn_lock() if self.model.batch_width > 1 else contextlib.nullcontext()
 
     def _apply(self, plan: Plan) -> None:
         self.plan = plan

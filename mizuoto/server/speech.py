@@ -91,7 +91,8 @@ def start_job(state: ServerState, p: SpeechParams, stream: bool, text: str | Ite
 
     def start(cancel: threading.Event) -> Iterator[AudioChunk]:
         reference = inline_reference(state, p)
-        for attempt in range(RELOADS + 1):
+        attempt = 0
+        while True:
             request = build_request(state, p, reference, stream, text)
             try:
                 chunks = state.runtime.synthesize(p.model, request, cancel=cancel)
@@ -103,11 +104,11 @@ def start_job(state: ServerState, p: SpeechParams, stream: bool, text: str | Ite
                 # evicted by another model's request between loading and holding it: load it again
                 if attempt == RELOADS:
                     raise
+                attempt += 1
                 continue
             except MizuotoError as e:
                 raise from_exception(e, field_of(str(e))) from None
             return itertools.chain([first], chunks)
-        raise AssertionError("unreachable")
 
     loop = asyncio.get_running_loop()
 

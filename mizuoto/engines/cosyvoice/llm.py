@@ -51,10 +51,10 @@ def drop_silent_runs(tokens: Iterable[int]) -> Iterator[int]:
         yield token
 
 
-def _compute(source: Any | None, fn: Callable[[], Any]) -> Any:
+def _compute(row: Any | None, fn: Callable[[], Any]) -> Any:
     """fn() here, or on a batch row's compute thread (`Row.compute`): building LM inputs there keeps
     this thread from starting an OpenMP team of its own (docs/performance.md, "Threads")."""
-    return fn() if source is None else source.compute(fn)
+    return fn() if row is None else row.compute(fn)
 
 
 def _row(tokens: torch.Tensor | None, name: str) -> torch.Tensor:
@@ -233,11 +233,11 @@ class QwenSpeechLM(nn.Module):
 
         lm_input, text_cache, speech = _compute(steps, prelude)
         next_fill = (int(prompt_speech_token.shape[1] / n_speech) + 1) * n_speech - prompt_speech_token.shape[1]
-        source = steps
+        row = steps  # the batch row (or None); `steps` becomes what decodes
         steps = self._steps(self.llm.new_cache(cache, cache_len), cuda_graphs, steps)
         out: list[int] = []
         for piece in steps.external(text):
-            lm_input, text_cache, speech = _compute(source, lambda: take_piece(piece, lm_input, text_cache, speech))
+            lm_input, text_cache, speech = _compute(row, lambda: take_piece(piece, lm_input, text_cache, speech))
             if speech.shape[1] != 0:
                 continue
             after_fill = bool(out) and out[-1] == self.fill_token
@@ -245,7 +245,7 @@ class QwenSpeechLM(nn.Module):
                 if text_cache.shape[1] < n_text:
                     continue
                 head = text_cache[:, :n_text]
-                lm_input = head if after_fill else _compute(source, lambda: torch.concat([lm_input, head], dim=1))
+                lm_input = head if after_fill else _compute(row, lambda: torch.concat([lm_input, head], dim=1))
                 text_cache = text_cache[:, n_text:]
             while True:
                 scores = steps.scores(lm_input)
@@ -266,7 +266,7 @@ class QwenSpeechLM(nn.Module):
                                        "(upstream raises here too)")
                 yield token
                 lm_input = self.speech_embedding.weight[token].reshape(1, 1, -1)
-        lm_input = _compute(source, lambda: torch.concat([lm_input, text_cache, self._special("task_id")], dim=1))
+        lm_input = _compute(row, lambda: torch.concat([lm_input, text_cache, self._special("task_id")], dim=1))
         while True:
             token = self._draw(steps, steps.scores(lm_input), out, generator, ignore_eos=False)
             out.append(token)
