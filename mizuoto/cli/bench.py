@@ -140,14 +140,18 @@ def run_bench(args: argparse.Namespace) -> int:
         raise InvalidRequest(f"bench: not a directory: {model_dir}")
     factory = load_factory(args.driver) if args.driver else find_factory(model_dir, args.random)
     threaded = getattr(args, "threaded", None)
+    sweep = bool(getattr(args, "concurrency", None))
+    # A sweep's batch loop must be the only live OpenMP team (docs/performance.md, "Threads"): the
+    # load and the single-request table then run each in a thread of its own that ends with it.
+    phase = in_thread if sweep and threaded != "beside" else (lambda fn: fn())
 
     def measure() -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="mizuoto-bench-") as tmp:
             workdir = Path(args.workdir) if args.workdir else Path(tmp)
             extra = {"assets": args.assets} if getattr(args, "assets", None) else {}
-            driver = factory(model_dir, args.random, options, settings, workdir, **extra)
+            driver = phase(lambda: factory(model_dir, args.random, options, settings, workdir, **extra))
             try:
-                result = benchmark(driver, settings, args.bandwidth)
+                result = phase(lambda: benchmark(driver, settings, args.bandwidth))
                 if threaded == "beside":
                     result["threaded"] = in_thread(lambda: benchmark(driver, settings, args.bandwidth))
                 if getattr(args, "concurrency", None):
@@ -157,9 +161,10 @@ def run_bench(args: argparse.Namespace) -> int:
                 raise MizuotoError(f"bench: out of memory on {driver.device}: {exc}") from None
             return result
 
-    result = in_thread(measure) if threaded == "compute" else measure()
-    result["thread"] = {"compute": "one worker thread (load and runs)", "beside": "main, then a worker thread"}.get(
-        threaded, "main")
+    result = in_thread(measure) if threaded == "compute" and not sweep else measure()
+    result["thread"] = ("a worker thread per phase (load, runs), then the sweep" if phase is in_thread else
+                        {"compute": "one worker thread (load and runs)",
+                         "beside": "main, then a worker thread"}.get(threaded, "main"))
     result["settings"] = asdict(settings)
     result["options"] = {"device": options.device, "precision": options.precision, **asdict(options.compute)}
     print(json.dumps(result, indent=2) if args.json else _text(result))

@@ -23,7 +23,7 @@ CFG = QwenConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num
                  num_key_value_heads=2, vocab_size=97)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def decoder():
     torch.manual_seed(0)
     dec = QwenDecoder(CFG).eval()
@@ -86,6 +86,7 @@ def test_a_rows_scores_do_not_depend_on_its_company(decoder):
                 assert torch.equal(a, b), f"step {i} differs beside {company} other rows"
         stats = batcher.stats()
         assert stats["active"] == 0 and stats["steps"] > 0 and stats["prefills"] > 0
+        assert batcher.packed == 7 * CFG.num_hidden_layers  # on the CPU the rows ran over packed layers
     finally:
         batcher.close()
 

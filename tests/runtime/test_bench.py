@@ -82,6 +82,14 @@ def test_summary_arithmetic():
     text = bench.format_table(r)
     for needle in ("20.00 ms/token", "100.0 ms per second of audio", "RTF", "first chunk", "GB/s"):
         assert needle in text
+    # with the first token timed alone, a step is the rest over the other tokens; the bandwidth is the step's
+    for run, first in zip(runs, (0.1, 0.4, 0.2)):
+        run["lm_first_s"] = first
+    r = bench.summarize(runs, driver, settings)
+    assert r["lm_first_token_ms"] == pytest.approx(200.0) and r["lm_ms_per_token"] == pytest.approx(20.0)
+    assert r["lm_ms_per_step"] == pytest.approx(1e3 * (2.0 - 0.2) / 99)
+    assert r["lm_achieved_gb_per_s"] == pytest.approx(2e6 / ((2.0 - 0.2) / 99) / 1e9)
+    assert "200 ms to the first token" in bench.format_table(r)
 
 
 def _parse(argv):
@@ -101,7 +109,8 @@ def test_command_runs_a_driver_and_prints_json(capsys, tmp_path):
     assert out["options"]["device"] == "cpu" and out["settings"]["stream"] is True
     assert "first_chunk_ms" in out and out["peak_memory_bytes"] > 0
     calls = (tmp_path / "calls.txt").read_text().split()
-    assert calls == ["lm", "flow", "vocoder", "stream"] * 5  # 2 warm-up + 3 measured
+    # each run: the request, its first token alone (the prefill, to time the steps apart), the stream
+    assert calls == ["lm", "flow", "vocoder", "lm", "stream"] * 5  # 2 warm-up + 3 measured
     assert json.loads((tmp_path / "args.json").read_text()) == ["fake", str(tmp_path)]
 
 
@@ -185,13 +194,16 @@ def test_threaded_beside_reports_both(capsys, tmp_path):
     text = capsys.readouterr().out
     assert "in a worker thread vs" in text and "main thread" in text
     assert _threads(tmp_path) == {"MainThread", "mizuoto-bench"}
-    assert _calls(tmp_path) == ["lm", "flow", "vocoder"] * 2
+    assert _calls(tmp_path) == ["lm", "flow", "vocoder", "lm"] * 2
 
 
 def test_concurrency_sweep_json(capsys, tmp_path):
     run, args = _fake(["--concurrency", "1,3", "--json"], tmp_path)
     assert run(args) == 0
-    rows = json.loads(capsys.readouterr().out)["concurrency"]
+    out = json.loads(capsys.readouterr().out)
+    rows = out["concurrency"]
+    # the load and the single-request table ran in threads that ended: the main thread computed nothing
+    assert "MainThread" not in _threads(tmp_path) and out["thread"].startswith("a worker thread per phase")
     assert [r["concurrency"] for r in rows] == [1, 3]
     for r in rows:
         assert set(r) >= {"concurrency", "lm_tokens_per_s", "audio_seconds_per_s", "first_chunk_p50_ms",

@@ -136,8 +136,9 @@ class CosyVoiceModel(Model):
         if self.options.compute.cuda_graphs:
             log.warning("compute.cuda_graphs: batched decode steps run eagerly (not captured)")
         self.batch_width = width
+        # the LM is built on the CPU and placed later: its layers are packed only if it stays there
         return DecodeBatcher(self.llm.llm, self.llm.step_head, width, lambda: self.use("llm"), self.llm.sampler,
-                             name=self.model_dir.name)
+                             name=self.model_dir.name, pack=torch.device(self.options.device).type == "cpu")
 
     def _capabilities(self) -> Capabilities:
         modes = set()

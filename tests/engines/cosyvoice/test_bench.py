@@ -56,7 +56,7 @@ def test_bench_concurrency_on_a_fixture_model(capsys, tmp_path, model_dir):
     dest = assemble_model_dir(model_dir, tmp_path / "model")
     out = _bench_json(capsys, ["-m", str(dest), "--tokens", "6", "--concurrency", "1,2", "--threaded"])
     rows = out["concurrency"]
-    assert [r["concurrency"] for r in rows] == [1, 2] and out["thread"].startswith("one worker thread")
+    assert [r["concurrency"] for r in rows] == [1, 2] and out["thread"].startswith("a worker thread per phase")
     for r in rows:
         assert r["lm_tokens_per_s"] > 0 and r["audio_seconds_per_s"] > 0 and r["peak_memory_bytes"] > 0
         assert 0 < r["first_chunk_p50_ms"] <= r["first_chunk_p95_ms"]
