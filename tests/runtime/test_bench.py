@@ -90,6 +90,9 @@ def test_summary_arithmetic():
     assert r["lm_ms_per_step"] == pytest.approx(1e3 * (2.0 - 0.2) / 99)
     assert r["lm_achieved_gb_per_s"] == pytest.approx(2e6 / ((2.0 - 0.2) / 99) / 1e9)
     assert "200 ms to the first token" in bench.format_table(r)
+    # the read beside the step is the better of one before the runs and one after them
+    assert bench.summarize(runs, driver, settings, read_before=1e6)["device_read_gb_per_s"] == 1e6
+    assert bench.summarize(runs, driver, settings, read_before=1e-9)["device_read_gb_per_s"] > 1e-9
 
 
 def _parse(argv):
