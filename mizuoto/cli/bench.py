@@ -154,7 +154,7 @@ def run_bench(args: argparse.Namespace) -> int:
                 result = phase(lambda: benchmark(driver, settings, args.bandwidth))
                 if threaded == "beside":
                     result["threaded"] = in_thread(lambda: benchmark(driver, settings, args.bandwidth))
-                if getattr(args, "concurrency", None):
+                if sweep:
                     result["concurrency"] = concurrency_sweep(driver, settings, args.concurrency)
                     result["batch_width"] = getattr(driver, "batch_width", 1)
             except torch.OutOfMemoryError as exc:
