@@ -20,9 +20,10 @@ import torch
 
 from mizuoto.errors import InvalidRequest, MizuotoError
 from mizuoto.runtime.bench import (CPU_DEFAULTS, BenchDriver, BenchSettings, benchmark, concurrency_sweep,
-                                   format_concurrency, format_table, in_thread)
+                                   format_concurrency, format_table)
 from mizuoto.runtime.hub import resolve_model
 from mizuoto.runtime.options import LoadOptions, add_load_arguments, options_from_args
+from mizuoto.runtime.threads import in_thread
 
 
 # --- finding a driver --------------------------------------------------------------------------
@@ -143,7 +144,10 @@ def run_bench(args: argparse.Namespace) -> int:
     sweep = bool(getattr(args, "concurrency", None))
     # A sweep's batch loop must be the only live OpenMP team (docs/performance.md, "Threads"): the
     # load and the single-request table then run each in a thread of its own that ends with it.
-    phase = in_thread if sweep and threaded != "beside" else (lambda fn: fn())
+    per_phase = sweep and threaded != "beside"
+
+    def phase(fn: Callable[[], Any]) -> Any:
+        return in_thread(fn, "mizuoto-bench") if per_phase else fn()
 
     def measure() -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="mizuoto-bench-") as tmp:
@@ -153,7 +157,7 @@ def run_bench(args: argparse.Namespace) -> int:
             try:
                 result = phase(lambda: benchmark(driver, settings, args.bandwidth))
                 if threaded == "beside":
-                    result["threaded"] = in_thread(lambda: benchmark(driver, settings, args.bandwidth))
+                    result["threaded"] = in_thread(lambda: benchmark(driver, settings, args.bandwidth), "mizuoto-bench")
                 if sweep:
                     result["concurrency"] = concurrency_sweep(driver, settings, args.concurrency)
                     result["batch_width"] = getattr(driver, "batch_width", 1)
@@ -161,8 +165,8 @@ def run_bench(args: argparse.Namespace) -> int:
                 raise MizuotoError(f"bench: out of memory on {driver.device}: {exc}") from None
             return result
 
-    result = in_thread(measure) if threaded == "compute" and not sweep else measure()
-    result["thread"] = ("a worker thread per phase (load, runs), then the sweep" if phase is in_thread else
+    result = in_thread(measure, "mizuoto-bench") if threaded == "compute" and not sweep else measure()
+    result["thread"] = ("a worker thread per phase (load, runs), then the sweep" if per_phase else
                         {"compute": "one worker thread (load and runs)",
                          "beside": "main, then a worker thread"}.get(threaded, "main"))
     result["settings"] = asdict(settings)

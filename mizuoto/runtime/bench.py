@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterator, Protocol, Sequence
 import torch
 
 from mizuoto.errors import InvalidRequest
+from mizuoto.runtime.threads import in_thread
 
 # Peak memory bandwidth (GB/s) of common cards, used when the device does not report its own.
 KNOWN_BANDWIDTH_GBS = {
@@ -271,25 +272,6 @@ def format_table(r: dict[str, Any]) -> str:
 
 # --- threads and concurrent requests -------------------------------------------------------------
 
-def in_thread(fn: Callable[[], Any], name: str = "mizuoto-bench") -> Any:
-    """fn() run in a new thread (as the server's jobs run); its result, or its exception raised here."""
-    out: list[Any] = []
-
-    def run() -> None:
-        try:
-            out.append((True, fn()))
-        except BaseException as e:  # handed to the caller
-            out.append((False, e))
-
-    thread = threading.Thread(target=run, name=name)
-    thread.start()
-    thread.join()
-    ok, value = out[0]
-    if not ok:
-        raise value
-    return value
-
-
 def _percentile(values: Sequence[float], q: float) -> float:
     """The q-th percentile (0-100) by linear interpolation between the sorted values."""
     ordered = sorted(values)
@@ -372,7 +354,7 @@ def concurrency_sweep(driver: BenchDriver, settings: BenchSettings, levels: Sequ
     if batched:
         driver.use_batch(True)
     try:
-        in_thread(lambda: [None for _ in driver.stream(settings.tokens)], "mizuoto-bench-warmup")  # its team ends with it
+        in_thread(lambda: [None for _ in driver.stream(settings.tokens)], "mizuoto-bench")  # its team ends with it
         return [concurrent_run(driver, settings, c) for c in levels]
     finally:
         if batched:

@@ -169,5 +169,7 @@ def decode_reference(data: bytes, param: str) -> tuple[torch.Tensor, int]:
 
 def check_finite(samples: torch.Tensor) -> None:
     """A 500 for engine output an encoder must never see (NaN or infinity)."""
-    if not bool(torch.isfinite(samples).all()):
+    # numpy, not torch: this runs on the event loop, and a torch reduction over a whole utterance
+    # would start an OpenMP team in the main thread for good (docs/performance.md, "Threads")
+    if not np.isfinite(samples.detach().cpu().numpy()).all():
         raise ApiError(500, "the engine produced non-finite audio (NaN or infinity); the request was stopped")

@@ -16,6 +16,7 @@ import torch
 
 from mizuoto.errors import MizuotoError, ModelUnloaded
 from mizuoto.runtime.engine import AudioChunk, Reference, SynthesisRequest
+from mizuoto.runtime.threads import in_thread
 from mizuoto.server.audio import (MEDIA_TYPES, check_finite, decode_base64, decode_reference, encode, pcm16,
                                   wav_header)
 from mizuoto.server.errors import ApiError, from_exception
@@ -39,7 +40,9 @@ def inline_reference(state: ServerState, p: SpeechParams) -> Reference | None:
     if p.ref_audio in state.voices:
         stored = state.voices[p.ref_audio]
         return Reference((stored.samples, stored.rate), p.ref_text or stored.text)
-    samples, rate = decode_reference(decode_base64(p.ref_audio, "ref_audio"), "ref_audio")
+    # in a thread that ends with it: the job's own thread would keep the decode's OpenMP team
+    # alive beside a batched model's compute thread for the whole request
+    samples, rate = in_thread(lambda: decode_reference(decode_base64(p.ref_audio, "ref_audio"), "ref_audio"))
     return Reference((samples, rate), p.ref_text)
 
 
