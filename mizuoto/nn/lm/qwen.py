@@ -4,7 +4,7 @@ Numerics follow transformers 4.51.3 exactly, because sampled tokens depend on th
 - RoPE: inv_freq in float32 from int64 arange; angles by a float32 matmul of inv_freq and the
   positions; cos/sin of the concatenated angles, cast to the activations' dtype.
 - RMSNorm: variance in float32, then `weight * normed.to(input_dtype)`.
-- Attention: KV heads repeated (`repeat_kv`; on the CPU SDPA's bit-identical `enable_gqa`), q/k/v contiguous, SDPA with
+- Attention: KV heads repeated (`repeat_kv`; at CPU inference SDPA's bit-identical `enable_gqa`), q/k/v contiguous, SDPA with
   scale head_dim**-0.5; no mask and `is_causal=True` on a prefill of an empty cache, no mask
   and `is_causal=False` for a single-token step, and transformers' additive float mask
   (finfo.min above the diagonal) when several positions follow a non-empty cache.
@@ -140,12 +140,13 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_rep: int, scale:
            mask: torch.Tensor | None) -> torch.Tensor:
     """transformers 4.51 `sdpa_attention_forward` (sdpa_gqa=False): returns (B, T, H, D).
 
-    On the CPU the KV heads go to SDPA unrepeated (`enable_gqa`): measured bit-identical to
-    attending over repeated copies, without copying each layer's whole K and V at the query
-    heads' width every step (a third of a batched step's time). Elsewhere they are repeated,
-    as transformers does.
+    At inference on the CPU the KV heads go to SDPA unrepeated (`enable_gqa`): measured
+    bit-identical to attending over repeated copies, without copying each layer's whole K and V
+    at the query heads' width every step (a third of a batched step's time). Elsewhere they are
+    repeated, as transformers does: under autograd the gradient of the repeat sums the heads in
+    another order than SDPA's own (training parity with upstream's trainer is bit-exact).
     """
-    gqa = n_rep > 1 and q.device.type == "cpu"
+    gqa = n_rep > 1 and q.device.type == "cpu" and not (q.requires_grad or k.requires_grad)
     if not gqa:
         k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
