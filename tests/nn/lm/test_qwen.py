@@ -128,3 +128,28 @@ def test_caches_agree_under_autocast():
         b = [model(x, sta), model(x[:, :1], sta)]
     assert (sta.k.dtype, sta.v.dtype) == (torch.float32, torch.bfloat16)  # RoPE promotes keys
     assert all(torch.equal(p, q) for p, q in zip(a, b))
+
+
+def test_attend_matches_attention_over_repeated_heads_with_and_without_autograd():
+    """`attend` skips the repeat at CPU inference (SDPA's own GQA); forward and gradients must stay transformers'."""
+    import torch.nn.functional as F
+
+    from mizuoto.nn.lm.qwen import attend, repeat_kv
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, h, 37, 16, generator=g) for h in (6, 2, 2))
+
+    def reference(q, k, v):
+        out = F.scaled_dot_product_attention(q, repeat_kv(k, 3).contiguous(), repeat_kv(v, 3).contiguous(),
+                                             scale=0.25, is_causal=True)
+        return out.transpose(1, 2).contiguous()
+
+    with torch.inference_mode():
+        assert torch.equal(attend(q, k, v, 3, 0.25, None), reference(q, k, v))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    twins = [t.clone().requires_grad_() for t in (q, k, v)]
+    out, ref = attend(*leaves, 3, 0.25, None), reference(*twins)
+    assert torch.equal(out, ref)
+    grad = torch.randn(out.shape, generator=g)
+    for a, b in zip(torch.autograd.grad(out, leaves, grad), torch.autograd.grad(ref, twins, grad)):
+        assert torch.equal(a, b)  # SDPA's own GQA would sum the K/V gradients in another order
