@@ -18,6 +18,11 @@ _PR_SET_NAME = 15
 _SETTLE_S = 2.0  # a team's workers of a thread that just ended take a moment to exit
 
 
+def supported() -> bool:
+    """Whether threads can be counted by name here (Linux: /proc and prctl)."""
+    return os.path.isdir("/proc/self/task") and hasattr(ctypes.CDLL(None), "prctl")
+
+
 def _named(name: str) -> int:
     count = 0
     for task in os.listdir("/proc/self/task"):
