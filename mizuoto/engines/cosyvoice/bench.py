@@ -95,7 +95,7 @@ def lm_step_bytes(lm: QwenSpeechLM, positions: float) -> int:
     """Bytes one decode step reads: the decoder layers, final norm, speech head and the KV cache."""
     dec = lm.llm
     size = lambda ps: sum(p.numel() * p.element_size() for p in ps)  # noqa: E731
-    tensors = [*dec.named_parameters(), *dec.named_buffers()]  # a batch's packed layers hold buffers
+    tensors = [*dec.named_parameters(), *dec.named_buffers()]  # a batch's packed layers are buffers
     weights = size(t for n, t in tensors if not n.startswith(("embed_tokens", "lm_head")))
     weights += size(lm.llm_decoder.parameters())
     kv = dec.config.kv_bytes_per_position(dec.embed_tokens.weight.element_size(), repeated=False)
@@ -119,10 +119,8 @@ class CosyVoiceBench:
         graphs = self.model.synthesizer().lm_options.get("cuda_graphs", False)
         kv = options.compute.kv_cache
         decode = ("CUDA graphs" if graphs else "on-device sampler") if device.type == "cuda" else "upstream's loop"
-        # a batched model's layers are packed for its batch: its unbatched loop (the table) runs over them too
-        packed = f", LM layers packed for batch {model.batch_width}" if getattr(model.batcher, "packed", 0) else ""
         self.name = (f"cosyvoice{variant.version} ({label or model.model_dir.name}; {kv} KV cache, {decode}; "
-                     f"{options.precision}{', compiled flow' if options.compute.compile else ''}{packed})")
+                     f"{options.precision}{', compiled flow' if options.compute.compile else ''})")
         self.inputs = self._request()
         self.batch_width = model.batch_width
         self._batched = False

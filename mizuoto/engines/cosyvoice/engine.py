@@ -136,7 +136,7 @@ class CosyVoiceModel(Model):
         if self.options.compute.cuda_graphs:
             log.warning("compute.cuda_graphs: batched decode steps run eagerly (not captured)")
         self.batch_width = width
-        # the LM is built on the CPU and placed later: its layers are packed only if it stays there
+        # the LM is built on the CPU and placed later: the batch packs its layers only if it stays there
         return DecodeBatcher(self.llm.llm, self.llm.step_head, width, lambda: self.use("llm"), self.llm.sampler,
                              name=self.model_dir.name, pack=torch.device(self.options.device).type == "cpu")
 
