@@ -64,6 +64,11 @@ def _json(schema: dict, description: str) -> dict:
     return {"description": description, "content": {JSON: {"schema": schema}}}
 
 
+def _string_body(media: str, description: str) -> dict:
+    """A response whose body is a string of `media` type (a page, a file, metrics)."""
+    return {"description": description, "content": {media: {"schema": {"type": "string"}}}}
+
+
 def _nullable(schema: dict) -> dict:
     """`schema` or JSON null: the server reads a null field as an absent one."""
     return {**schema, "type": [schema["type"], "null"]}
@@ -253,19 +258,17 @@ def operations(formats: Iterable[str], max_chars: int) -> dict[tuple[str, str], 
                                                "or shutting down")}},
         ("GET", "/metrics"): {
             "operationId": "metrics", "tags": ["operations"], "summary": "Prometheus metrics",
-            "responses": {"200": {"description": "Prometheus text exposition",
-                                  "content": {"text/plain": {"schema": {"type": "string"}}}}}},
+            "responses": {"200": _string_body("text/plain", "Prometheus text exposition")}},
         ("GET", "/openapi.json"): {
             "operationId": "openapi", "tags": ["operations"], "summary": "This document",
             "responses": {"200": _json({"type": "object", "required": ["openapi", "paths"]}, "OpenAPI 3.1")}},
         ("GET", "/"): {
             "operationId": "webPage", "tags": ["web"], "summary": "The try-a-voice page",
-            "responses": {"200": {"description": "the page",
-                                  "content": {"text/html": {"schema": {"type": "string"}}}}}},
+            "responses": {"200": _string_body("text/html", "the page")}},
         ("GET", "/web/{path}"): {
             "operationId": "webFiles", "tags": ["web"], "summary": "The page's scripts and style",
             "parameters": [{"name": "path", "in": "path", "required": True, "schema": {"type": "string"}}],
-            "responses": {"200": {"description": "the file", "content": {"*/*": {"schema": {"type": "string"}}}},
+            "responses": {"200": _string_body("*/*", "the file"),
                           **errors(404, why={404: "no such file"})}},
     }
 
