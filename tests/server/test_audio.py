@@ -22,15 +22,14 @@ def test_check_finite_refuses_nan_and_leaves_no_team():
 
 
 @pytest.mark.skipif(not omp_teams.supported(), reason="counts threads by name: Linux only")
-def test_an_inline_reference_is_decoded_without_leaving_a_team_in_the_job():
+def test_an_inline_reference_is_decoded_without_leaving_a_team_in_the_job(h):
     from types import SimpleNamespace
 
     from mizuoto.server.speech import inline_reference
-    from tests.server.conftest import REF_TEXT, fixture_clip_base64
 
-    state, params = SimpleNamespace(voices={}), SimpleNamespace(ref_audio=fixture_clip_base64(), ref_text=REF_TEXT)
+    state, params = SimpleNamespace(voices={}), SimpleNamespace(ref_audio=h.clip_base64(), ref_text=h.ref_text)
     got: list = []
     # the job's thread would keep the decode's team (a mean over the whole clip) for its request
     assert threads_left_by(lambda: got.append(inline_reference(state, params))) == 0
     (samples, rate), text = got[0].audio, got[0].text
-    assert samples.ndim == 1 and samples.numel() > rate and text == REF_TEXT
+    assert samples.ndim == 1 and samples.numel() > rate and text == h.ref_text

@@ -29,6 +29,7 @@ from mizuoto.engines.cosyvoice.llm import ENDOFPROMPT_ID, QwenSpeechLM, build_lm
 from mizuoto.engines.cosyvoice.synthesis import Synthesizer
 from mizuoto.engines.cosyvoice.variants import find_variant, load_config
 from mizuoto.errors import InvalidRequest
+from mizuoto.runtime.memory import tensor_bytes
 
 BLANK_EN = "CosyVoice-BlankEN"
 RANDOM_KINDS = ("cosyvoice2",)
@@ -94,10 +95,7 @@ def build_random_cosyvoice2(dest: str | Path, assets: str | Path | None = None, 
 def lm_step_bytes(lm: QwenSpeechLM, positions: float) -> int:
     """Bytes one decode step reads: the decoder layers, final norm, speech head and the KV cache."""
     dec = lm.llm
-    size = lambda ps: sum(p.numel() * p.element_size() for p in ps)  # noqa: E731
-    tensors = [*dec.named_parameters(), *dec.named_buffers()]  # a batch's packed layers are buffers
-    weights = size(t for n, t in tensors if not n.startswith(("embed_tokens", "lm_head")))
-    weights += size(lm.llm_decoder.parameters())
+    weights = tensor_bytes([dec.layers, dec.norm, lm.llm_decoder])  # buffers too: a batch's packed layers
     kv = dec.config.kv_bytes_per_position(dec.embed_tokens.weight.element_size(), repeated=False)
     return int(weights + kv * positions)
 
