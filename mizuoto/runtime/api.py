@@ -431,22 +431,23 @@ class Runtime:
               cancel: threading.Event | None = None) -> Iterator[None]:
         """Hold the model, make room for `plan` and apply it.
 
-        A batched model runs several requests at once: one joins only while its plan's peak plus the
-        sequence-stage working memory of those running (their KV caches) fits the device budget.
+        A batched model runs several requests at once: one joins only while every request running,
+        itself included, still fits its plan's peak beside the others' sequence-stage working memory
+        (their KV caches) in the device budget; the model is admitted for what they need together.
         When the room is held by other models' running requests (in other threads), the request
         waits for them, holding nothing, until `cancel` is set.
         """
-        reserve, fits = 0, None
+        reserve, budget = 0, None
         if loaded.model.batch_width > 1 and request is not None:
             budget = self._pool(loaded.options.device).device_budget
             reserve = sum(s.working_memory(request) for s in loaded.model.stages if s.kind == "sequence")
-            fits = lambda others: plan.peak + others <= budget
         while True:
-            with loaded.scheduler.hold(f"model {loaded.name}", reserve, fits):
+            with loaded.scheduler.hold(f"model {loaded.name}", reserve, plan.peak, budget):
                 if loaded.name not in self._models:
                     raise ModelUnloaded(f"model {loaded.name} was unloaded: "
                                         f"{self._gone.get(loaded.name, 'by its owner')}")
-                if self._try_admit(loaded, plan, loaded.scheduler.reserved - reserve, waitable=True):
+                others = loaded.scheduler.together() - plan.peak
+                if self._try_admit(loaded, plan, others, waitable=True):
                     try:
                         yield
                     finally:

@@ -7,15 +7,16 @@ Concurrency: `model.batch_width` requests at a time per model (one, unless its s
 batches), each held from its first chunk until its generator finishes or is closed; other
 threads wait their turn (a condition, not a queue: arrival order is not guaranteed). A thread
 that opens a second stream on a model while its first is still open gets an error instead of a
-deadlock. A batched request may also wait for room: `hold(fits=...)` admits it only while its
-working memory fits beside the requests already running.
+deadlock. A batched request may also wait for room: `hold(peak=..., budget=...)` admits it only
+while every holder, the joiner included, still fits its own peak beside the others' working memory
+(checking the joiner alone would let a small request join beside a large one that then no longer fits).
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -37,7 +38,7 @@ class Scheduler:
         self._cond = threading.Condition()
         self._owners: set[int] = set()  # threads holding the model
         self._cancels: dict[int, threading.Event | None] = {}  # each bound thread's request's
-        self._reserved: dict[int, int] = {}  # working memory of each holder (batched models)
+        self._held: dict[int, tuple[int, int]] = {}  # (peak, reserve) of each holder (batched models)
 
     @property
     def busy(self) -> bool:
@@ -56,27 +57,37 @@ class Scheduler:
     @property
     def reserved(self) -> int:
         """Working memory the running requests hold (what `hold(reserve=...)` was given)."""
-        return sum(self._reserved.values())
+        return sum(r for _, r in self._held.values())
+
+    def together(self, joiner: tuple[int, int] | None = None) -> int:
+        """Device bytes the holders (and `joiner`, as (peak, reserve)) need at once: each one's peak beside
+        the others' reserves, at the largest."""
+        rows = [*self._held.values(), *([joiner] if joiner else [])]
+        if not rows:
+            return 0
+        return max(p - r for p, r in rows) + sum(r for _, r in rows)
 
     @contextlib.contextmanager
-    def hold(self, name: str = "model", reserve: int = 0,
-             fits: Callable[[int], bool] | None = None) -> Iterator[None]:
-        """Hold the model for one request; `fits(reserved by the others)` must allow it to join a running batch."""
+    def hold(self, name: str = "model", reserve: int = 0, peak: int = 0,
+             budget: int | None = None) -> Iterator[None]:
+        """Hold the model for one request of `peak` bytes that keeps `reserve` of them while others run beside it;
+        with a `budget`, it joins a running batch only while `together()` stays within it."""
         me = threading.get_ident()
         if me in self._owners:
             raise InvalidRequest(f"a request on {name} is still open in this thread; finish or close it first")
         width = max(1, self.model.batch_width)
         with self._cond:
-            while len(self._owners) >= width or (self._owners and fits is not None and not fits(self.reserved)):
+            while len(self._owners) >= width or (self._owners and budget is not None
+                                                 and self.together((peak, reserve)) > budget):
                 self._cond.wait()
             self._owners.add(me)
-            self._reserved[me] = reserve
+            self._held[me] = (max(peak, reserve), reserve)
         try:
             yield
         finally:
             with self._cond:
                 self._owners.discard(me)
-                self._reserved.pop(me, None)
+                self._held.pop(me, None)
                 self._cond.notify_all()
 
     def apply(self, plan: Plan) -> None:

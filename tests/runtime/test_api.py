@@ -243,36 +243,46 @@ def test_rehearse_plans_for_another_device_and_moves_nothing(rt, tone_dir):
             rt.rehearse("cuda")
 
 
-def test_a_batched_model_admits_a_joining_request_only_while_its_working_memory_fits(tone_dir):
-    """Two streams at once on a model of batch width 2: both run when their sequence-stage memory fits
-    the budget together, the second waits for the first when it does not."""
+# as long and slow as the planning bound, so the model loads under a budget two such requests exceed
+_LONG = dict(text="a" * 200, speed=0.25)
+_SHORT = dict(text="a" * 200, speed=1.0)  # the same KV rows, a smaller peak
+
+
+@pytest.mark.parametrize("first, second", [(_LONG, _LONG), (_LONG, _SHORT), (_SHORT, _LONG)],
+                         ids=["long+long", "long+short", "short+long"])
+def test_a_batched_model_admits_a_joining_request_only_while_its_working_memory_fits(tone_dir, first, second):
+    """Two streams at once on a model of batch width 2: both run when each one's peak fits beside the
+    other's sequence-stage memory, the second waits for the first when either does not (a short
+    joiner beside a long stream included: checking the joiner alone let it in)."""
     import threading
 
     from mizuoto.runtime.engine import SynthesisRequest
 
-    # as long and slow as the planning bound, so the model loads under a budget two such requests exceed
-    request = SynthesisRequest("a" * 200, mode="preset", voice="low", seed=0, stream=True, speed=0.25)
+    requests = [SynthesisRequest(**r, mode="preset", voice="low", seed=0, stream=True) for r in (first, second)]
     with Runtime(engines=[ToneEngine], plugins=False) as rt:
         name = rt.load(tone_dir)
-        peak = rt._plan_for(rt._get(name), request).peak
-        row = rt.model(name).stage("notes").working_memory(request)
-        assert max(rt.plan(name).peak, rt.plan(name, stream=True).peak) <= peak + row - 1
-    for budget, together in ((peak + row, True), (peak + row - 1, False)):
+        peaks = [rt._plan_for(rt._get(name), r).peak for r in requests]
+        rows = [rt.model(name).stage("notes").working_memory(r) for r in requests]
+        together = max(peaks[0] + rows[1], peaks[1] + rows[0])
+        assert max(rt.plan(name).peak, rt.plan(name, stream=True).peak, *peaks) <= together - 1
+        if (first, second) == (_LONG, _SHORT):  # the joiner alone fits beside the running one: not enough
+            assert peaks[1] + rows[0] <= together - 1
+    for budget, joins in ((together, True), (together - 1, False)):
         with Runtime(ram=budget, engines=[ToneEngine], plugins=False) as rt:
             name = rt.load(tone_dir)
             rt.model(name).batch_width = 2
-            first = rt.synthesize(name, request)
-            next(first)  # holds the model
+            running = rt.synthesize(name, requests[0])
+            next(running)  # holds the model
             got = threading.Event()
 
-            def second():
-                for _ in rt.synthesize(name, request):
+            def join():
+                for _ in rt.synthesize(name, requests[1]):
                     got.set()
 
-            t = threading.Thread(target=second)
+            t = threading.Thread(target=join)
             t.start()
-            assert got.wait(0.5 if not together else 10) is together, f"budget {budget}"
-            assert rt.info(name).running == (2 if together else 1)
-            list(first)
+            assert got.wait(0.5 if not joins else 10) is joins, f"budget {budget}"
+            assert rt.info(name).running == (2 if joins else 1)
+            list(running)
             t.join(10)
             assert got.is_set() and rt.info(name).running == 0

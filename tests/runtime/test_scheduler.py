@@ -86,8 +86,8 @@ def test_unbound_model_runs_where_it_is(tone_dir):
         model.stage("lm")
 
 
-def test_a_batched_model_holds_up_to_its_width_and_fits_gate_joining(tone_dir):
-    """batch_width 2: two requests hold the model at once, a third waits; `fits` can hold a joiner back."""
+def test_a_batched_model_holds_up_to_its_width_and_a_budget_gates_joining(tone_dir):
+    """batch_width 2: two requests hold the model at once, a third waits; a budget can hold a joiner back."""
     import threading
 
     model, sched, plan = _setup(tone_dir, stream=False, pinned=())
@@ -95,8 +95,8 @@ def test_a_batched_model_holds_up_to_its_width_and_fits_gate_joining(tone_dir):
     sched.apply(plan)
     entered, release = threading.Semaphore(0), threading.Event()
 
-    def holder(reserve):
-        with sched.hold(reserve=reserve, fits=lambda others: others + reserve <= 10):
+    def holder(reserve, peak=None):
+        with sched.hold(reserve=reserve, peak=reserve if peak is None else peak, budget=10):
             entered.release()
             release.wait(10)
 
@@ -124,6 +124,17 @@ def test_a_batched_model_holds_up_to_its_width_and_fits_gate_joining(tone_dir):
     release.set()
     big.join(10), late.join(10)
     assert entered.acquire(timeout=10) and sched.running == 0
+    # a small joiner must also leave the running request room: 9 beside its 2 is 11 > 10, though 2 + 1 fits
+    release.clear()
+    wide = threading.Thread(target=holder, args=(1, 9))
+    wide.start()
+    assert entered.acquire(timeout=10)
+    small = threading.Thread(target=holder, args=(2,))
+    small.start()
+    assert not entered.acquire(timeout=0.3) and sched.running == 1 and sched.together() == 9
+    release.set()
+    wide.join(10), small.join(10)
+    assert entered.acquire(timeout=10) and sched.running == 0 and sched.together() == 0
 
 
 def test_each_thread_sees_its_own_cancel(tone_dir):
