@@ -5,7 +5,9 @@ call (every `use(stage)`) once the event is set.
 
 Concurrency: `model.batch_width` requests at a time per model (one, unless its sequence stage
 batches), each held from its first chunk until its generator finishes or is closed; other
-threads wait their turn (a condition, not a queue: arrival order is not guaranteed). A thread
+threads wait their turn in arrival order: none overtakes an earlier one that is still waiting
+(for a row, or for room beside the running ones), so a large request is not starved by a
+stream of small ones that would each fit. A thread
 that opens a second stream on a model while its first is still open gets an error instead of a
 deadlock. A batched request may also wait for room: `hold(peak=..., budget=...)` admits it only
 while every holder, the joiner included, still fits its own peak beside the others' working memory
@@ -14,6 +16,7 @@ while every holder, the joiner included, still fits its own peak beside the othe
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import threading
 from collections.abc import Iterator
@@ -39,6 +42,7 @@ class Scheduler:
         self._owners: set[int] = set()  # threads holding the model
         self._cancels: dict[int, threading.Event | None] = {}  # each bound thread's request's
         self._held: dict[int, tuple[int, int]] = {}  # (peak, reserve) of each holder (batched models)
+        self._queue: collections.deque[int] = collections.deque()  # waiting threads, first come first
 
     @property
     def busy(self) -> bool:
@@ -53,6 +57,11 @@ class Scheduler:
     def running(self) -> int:
         """Requests holding the model now."""
         return len(self._owners)
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting to hold the model."""
+        return len(self._queue)
 
     @property
     def reserved(self) -> int:
@@ -77,9 +86,14 @@ class Scheduler:
             raise InvalidRequest(f"a request on {name} is still open in this thread; finish or close it first")
         width = max(1, self.model.batch_width)
         with self._cond:
-            while len(self._owners) >= width or (self._owners and budget is not None
-                                                 and self.together((peak, reserve)) > budget):
-                self._cond.wait()
+            self._queue.append(me)
+            try:
+                while self._queue[0] != me or len(self._owners) >= width or (
+                        self._owners and budget is not None and self.together((peak, reserve)) > budget):
+                    self._cond.wait()
+            finally:
+                self._queue.remove(me)
+                self._cond.notify_all()  # the next in line may fit now (or the line moved on without me)
             self._owners.add(me)
             self._held[me] = (max(peak, reserve), reserve)
         try:

@@ -137,6 +137,48 @@ def test_a_batched_model_holds_up_to_its_width_and_a_budget_gates_joining(tone_d
     assert entered.acquire(timeout=10) and sched.running == 0 and sched.together() == 0
 
 
+def test_waiting_requests_enter_in_arrival_order_and_none_overtakes_a_large_one(tone_dir):
+    """A large request waiting for room beside a small running one is not overtaken by a later small
+    one that would fit: they enter first come first (budget 10, width 2)."""
+    import threading
+    import time
+
+    model, sched, plan = _setup(tone_dir, stream=False, pinned=())
+    model.batch_width = 2
+    sched.apply(plan)
+    order, release = [], {n: threading.Event() for n in ("small", "large", "later")}
+
+    def holder(name, peak, reserve):
+        with sched.hold(reserve=reserve, peak=peak, budget=10):
+            order.append(name)
+            release[name].wait(10)
+
+    def until(done):
+        deadline = time.monotonic() + 10
+        while not done() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return done()
+
+    threads = {n: threading.Thread(target=holder, args=(n, *sizes))
+               for n, sizes in (("small", (2, 2)), ("large", (9, 1)), ("later", (2, 2)))}
+    threads["small"].start()
+    assert until(lambda: order)
+    threads["large"].start()  # 9 beside the running 2 is 11 > 10: waits
+    assert until(lambda: sched.waiting == 1)
+    threads["later"].start()  # would fit beside "small" (2 + 2), but "large" came first
+    assert until(lambda: sched.waiting == 2 or len(order) > 1)
+    time.sleep(0.2)
+    assert order == ["small"] and sched.running == 1
+    release["small"].set()
+    assert until(lambda: len(order) >= 2)
+    time.sleep(0.2)
+    assert order == ["small", "large"] and sched.running == 1  # "later" does not fit beside "large"
+    release["large"].set(), release["later"].set()
+    for t in threads.values():
+        t.join(10)
+    assert order == ["small", "large", "later"] and sched.running == 0 and sched.waiting == 0
+
+
 def test_each_thread_sees_its_own_cancel(tone_dir):
     import threading
 
