@@ -7,11 +7,11 @@ Concurrency: `model.batch_width` requests at a time per model (one, unless its s
 batches), each held from its first chunk until its generator finishes or is closed; other
 threads wait their turn in arrival order: none overtakes an earlier one that is still waiting
 (for a row, or for room beside the running ones), so a large request is not starved by a
-stream of small ones that would each fit. A thread
-that opens a second stream on a model while its first is still open gets an error instead of a
-deadlock. A batched request may also wait for room: `hold(peak=..., budget=...)` admits it only
-while every holder, the joiner included, still fits its own peak beside the others' working memory
-(checking the joiner alone would let a small request join beside a large one that then no longer fits).
+stream of small ones that would each fit. A thread that opens a second stream on a model while
+its first is still open gets an error instead of a deadlock. A batched request may also wait for
+room: `hold(peak=..., budget=...)` admits it only while every holder, the joiner included, still
+fits its own peak beside the others' working memory (checking the joiner alone would let a small
+request join beside a large one that then no longer fits).
 """
 
 from __future__ import annotations
