@@ -63,11 +63,6 @@ class Scheduler:
         """Requests waiting to hold the model."""
         return len(self._queue)
 
-    @property
-    def reserved(self) -> int:
-        """Working memory the running requests hold (what `hold(reserve=...)` was given)."""
-        return sum(r for _, r in self._held.values())
-
     def together(self, joiner: tuple[int, int] | None = None) -> int:
         """Device bytes the holders (and `joiner`, as (peak, reserve)) need at once: each one's peak beside
         the others' reserves, at the largest."""

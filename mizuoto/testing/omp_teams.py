@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import ctypes
 import os
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+from mizuoto.runtime.threads import in_thread
 
 _PR_SET_NAME = 15
 _SETTLE_S = 2.0  # a team's workers of a thread that just ended take a moment to exit
@@ -36,17 +37,13 @@ def _named(name: str) -> int:
 
 def threads_left_by(fn: Callable[[], Any], name: str = "mzt-omp-probe") -> int:
     """OS threads that fn() leaves alive beside its calling thread (a team's workers: 0 when it made none)."""
-    left: list[int] = []
 
-    def run() -> None:
+    def run() -> int:
         ctypes.CDLL(None).prctl(_PR_SET_NAME, name.encode(), 0, 0, 0)
-        fn()
+        fn()  # an exception reaches the caller through in_thread
         end = time.monotonic() + _SETTLE_S
         while (n := _named(name) - 1) and time.monotonic() < end:
             time.sleep(0.01)
-        left.append(n)
+        return n
 
-    thread = threading.Thread(target=run, name=name)
-    thread.start()
-    thread.join()
-    return left[0]
+    return in_thread(run, name)

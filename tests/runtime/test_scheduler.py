@@ -105,7 +105,7 @@ def test_a_batched_model_holds_up_to_its_width_and_a_budget_gates_joining(tone_d
     assert entered.acquire(timeout=10)
     threads[1].start()
     assert entered.acquire(timeout=10)  # the second joins the first (4 + 4 <= 10)
-    assert sched.running == 2 and sched.reserved == 8
+    assert sched.running == 2 and sched.together() == 8
     third = threading.Thread(target=holder, args=(1,))
     third.start()
     assert not entered.acquire(timeout=0.3)  # the width is taken
@@ -113,7 +113,7 @@ def test_a_batched_model_holds_up_to_its_width_and_a_budget_gates_joining(tone_d
     assert entered.acquire(timeout=10)  # the third got its turn
     for t in (*threads, third):
         t.join(10)
-    assert sched.running == 0 and sched.reserved == 0
+    assert sched.running == 0 and sched.together() == 0
     release.clear()
     big = threading.Thread(target=holder, args=(4,))
     big.start()

@@ -6,13 +6,12 @@ import pytest
 import torch
 
 from mizuoto.runtime.threads import in_thread
-from mizuoto.testing import omp_teams
-from mizuoto.testing.omp_teams import threads_left_by
+from mizuoto.testing.omp_teams import supported, threads_left_by
 
 BIG = torch.ones(1 << 20)  # made here: filling it is a parallel region too
 
 
-@pytest.mark.skipif(not omp_teams.supported(), reason="counts threads by name: Linux only")
+@pytest.mark.skipif(not supported(), reason="counts threads by name: Linux only")
 def test_a_parallel_reduction_leaves_a_team_and_in_thread_does_not():
     # the probe itself: a reduction over a large tensor starts a team in the calling thread
     assert threads_left_by(lambda: BIG.sum()) == torch.get_num_threads() - 1

@@ -7,11 +7,10 @@ import torch
 
 from mizuoto.server.audio import check_finite
 from mizuoto.server.errors import ApiError
-from mizuoto.testing import omp_teams
-from mizuoto.testing.omp_teams import threads_left_by
+from mizuoto.testing.omp_teams import supported, threads_left_by
 
 
-@pytest.mark.skipif(not omp_teams.supported(), reason="counts threads by name: Linux only")
+@pytest.mark.skipif(not supported(), reason="counts threads by name: Linux only")
 def test_check_finite_refuses_nan_and_leaves_no_team():
     utterance = torch.zeros(24000 * 30)  # a non-streamed response: one chunk of the whole audio
     assert threads_left_by(lambda: check_finite(utterance)) == 0  # the event loop's thread keeps none
@@ -21,7 +20,7 @@ def test_check_finite_refuses_nan_and_leaves_no_team():
     assert e.value.status == 500
 
 
-@pytest.mark.skipif(not omp_teams.supported(), reason="counts threads by name: Linux only")
+@pytest.mark.skipif(not supported(), reason="counts threads by name: Linux only")
 def test_an_inline_reference_is_decoded_without_leaving_a_team_in_the_job(h):
     from types import SimpleNamespace
 

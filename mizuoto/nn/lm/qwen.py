@@ -4,10 +4,11 @@ Numerics follow transformers 4.51.3 exactly, because sampled tokens depend on th
 - RoPE: inv_freq in float32 from int64 arange; angles by a float32 matmul of inv_freq and the
   positions; cos/sin of the concatenated angles, cast to the activations' dtype.
 - RMSNorm: variance in float32, then `weight * normed.to(input_dtype)`.
-- Attention: KV heads repeated (`repeat_kv`; at CPU inference SDPA's bit-identical `enable_gqa`), q/k/v contiguous, SDPA with
-  scale head_dim**-0.5; no mask and `is_causal=True` on a prefill of an empty cache, no mask
-  and `is_causal=False` for a single-token step, and transformers' additive float mask
-  (finfo.min above the diagonal) when several positions follow a non-empty cache.
+- Attention: KV heads repeated (`repeat_kv`; at CPU inference SDPA's bit-identical
+  `enable_gqa`), q/k/v contiguous, SDPA with scale head_dim**-0.5; no mask and
+  `is_causal=True` on a prefill of an empty cache, no mask and `is_causal=False` for a
+  single-token step, and transformers' additive float mask (finfo.min above the diagonal)
+  when several positions follow a non-empty cache.
 - Parameter names mirror `Qwen2Model` (embed_tokens, layers.N.self_attn.q_proj, ..., norm);
   the output head is tied to embed_tokens when the config says so.
 
