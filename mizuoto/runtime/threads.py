@@ -3,7 +3,7 @@
 Each thread that enters a parallel region keeps a libgomp team for as long as it lives, and once
 the live teams' threads outnumber the CPUs every team's workers stop spinning between regions:
 a decode step beside a second team runs 15-25% slower (docs/performance.md, "Threads"). Work
-that must not leave a team behind (a load, an upload's decoding, a bench phase) runs here.
+that must not leave a team behind (an inline reference's decoding, the bench's load and phases) runs here.
 """
 
 from __future__ import annotations
