@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from mizuoto.runtime.threads import spawn
 from mizuoto.server.admission import Admission, Ticket
 from mizuoto.server.errors import ApiError
 
@@ -34,21 +35,17 @@ async def in_fresh_thread(fn: Callable[..., Any], *args: Any) -> Any:
     loop = asyncio.get_running_loop()
     done: asyncio.Future = loop.create_future()
 
-    def settle(ok: bool, value: Any) -> None:
+    def on_loop(ok: bool, value: Any) -> None:
         if not done.cancelled():
             done.set_result(value) if ok else done.set_exception(value)
 
-    def run() -> None:
+    def settle(ok: bool, value: Any) -> None:
         try:
-            result: tuple[bool, Any] = (True, fn(*args))
-        except BaseException as e:  # handed to the awaiting coroutine
-            result = (False, e)
-        try:
-            loop.call_soon_threadsafe(settle, *result)
+            loop.call_soon_threadsafe(on_loop, ok, value)
         except RuntimeError:  # the loop is closed: nobody is waiting any more
             pass
 
-    threading.Thread(target=run, name="mizuoto-compute", daemon=True).start()
+    spawn(lambda: fn(*args), settle)
     return await done
 
 

@@ -2,19 +2,30 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
-from mizuoto.runtime.threads import in_thread
+from mizuoto.runtime.threads import in_thread, spawn
 from mizuoto.testing.omp_teams import supported, threads_left_by
 
 BIG = torch.ones(1 << 20)  # made here: filling it is a parallel region too
 
 
+@pytest.fixture
+def two_threads():
+    """At least two intra-op threads, so a team has a worker to count on any machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(2, before))
+    yield torch.get_num_threads()
+    torch.set_num_threads(before)
+
+
 @pytest.mark.skipif(not supported(), reason="counts threads by name: Linux only")
-def test_a_parallel_reduction_leaves_a_team_and_in_thread_does_not():
+def test_a_parallel_reduction_leaves_a_team_and_in_thread_does_not(two_threads):
     # the probe itself: a reduction over a large tensor starts a team in the calling thread
-    assert threads_left_by(lambda: BIG.sum()) == torch.get_num_threads() - 1
+    assert threads_left_by(lambda: BIG.sum()) == two_threads - 1 > 0
     assert threads_left_by(lambda: in_thread(lambda: BIG.sum())) == 0
 
 
@@ -22,3 +33,18 @@ def test_in_thread_returns_or_raises_what_fn_did():
     assert in_thread(lambda: 41 + 1) == 42
     with pytest.raises(ZeroDivisionError):
         in_thread(lambda: 1 / 0)
+
+
+def test_spawn_settles_from_the_new_thread_and_the_thread_ends():
+    settled: list[tuple[bool, object, str]] = []
+
+    def settle(ok: bool, value: object) -> None:
+        settled.append((ok, value, threading.current_thread().name))
+
+    spawn(lambda: 42, settle, "mzt-spawn").join(5)
+    thread = spawn(lambda: 1 / 0, settle, "mzt-spawn")
+    thread.join(5)
+    assert not thread.is_alive()
+    assert settled[0] == (True, 42, "mzt-spawn")
+    ok, error, name = settled[1]
+    assert not ok and isinstance(error, ZeroDivisionError) and name == "mzt-spawn"
