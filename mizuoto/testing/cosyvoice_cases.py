@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from mizuoto.testing.fixtures import fixtures_root, load_tensors, read_manifest
+from mizuoto.testing.fixtures import Recording, fixtures_root, load_tensors, read_manifest
 
 
 @dataclass(frozen=True)
@@ -45,12 +45,10 @@ class CaseRef:
 
 
 @dataclass
-class Case:
-    """A loaded case: its manifest and its tensors, every alias under its own name."""
+class Case(Recording):
+    """A loaded parity case (`meta`, `tensors`) and where it is (`ref`)."""
 
-    ref: CaseRef
-    meta: dict[str, Any]
-    tensors: dict[str, torch.Tensor] = field(repr=False)
+    ref: CaseRef = field(kw_only=True)
 
     @property
     def model_dir(self) -> Path:
@@ -61,13 +59,6 @@ class Case:
     def seed(self) -> int:
         """The seed upstream's `set_all_random_seed` got right before the call."""
         return int(self.meta["seed"])
-
-    def get(self, name: str) -> torch.Tensor | None:
-        """A tensor by logical name, or None."""
-        return self.tensors.get(name)
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        return self.tensors[name]
 
     def input(self, key: str) -> torch.Tensor | None:
         """The model.tts kwarg `key` (stored as `input.<key>`), or None if the case has none."""
@@ -102,7 +93,7 @@ def load_case(ref: CaseRef | Path) -> Case:
     meta = _manifest(path)
     if meta is None:
         raise ValueError(f"{path} is not a case manifest")
-    return Case(_ref(path, meta), meta, load_tensors(path, meta))
+    return Case(meta, load_tensors(path, meta), ref=_ref(path, meta))
 
 
 def assemble_model_dir(model_dir: Path, dest: Path) -> Path:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from mizuoto.runtime.engine import Reference, SynthesisRequest
-from mizuoto.testing.fixtures import assets_root, fixtures_root, load_tensors, read_manifest
+from mizuoto.testing.fixtures import Recording, assets_root, fixtures_root, load_tensors, read_manifest
 
 FULL = "full"
 AUDIO = "audio"
@@ -30,12 +30,10 @@ LM_ONLY_MODES = frozenset({"bistream_lm"})
 
 
 @dataclass
-class FullCase:
-    """A loaded full-pipeline case: manifest and tensors (aliases resolved)."""
+class FullCase(Recording):
+    """A loaded full-pipeline case (`meta`, `tensors`) and its manifest's path."""
 
-    json_path: Path
-    meta: dict[str, Any]
-    tensors: dict[str, torch.Tensor] = field(repr=False)
+    json_path: Path = field(kw_only=True)
 
     @property
     def id(self) -> str:
@@ -81,7 +79,7 @@ def list_full_cases(root: Path | None = None) -> list[Path]:
 def load_full_case(path: Path) -> FullCase:
     """A case's manifest and tensors."""
     meta = json.loads(path.read_text(encoding="utf-8"))
-    return FullCase(path, meta, load_tensors(path, meta))
+    return FullCase(meta, load_tensors(path, meta), json_path=path)
 
 
 # -- model dir -----------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -63,3 +64,18 @@ def load_tensors(path: Path, meta: dict[str, Any]) -> dict:
     for name, stored in meta.get("aliases", {}).items():
         tensors[name] = tensors[stored]
     return tensors
+
+
+@dataclass
+class Recording:
+    """A loaded fixture case: its manifest and its tensors, every alias under its own name."""
+
+    meta: dict[str, Any]
+    tensors: dict[str, Any] = field(repr=False)
+
+    def get(self, name: str) -> Any:
+        """A tensor by logical name, or None."""
+        return self.tensors.get(name)
+
+    def __getitem__(self, name: str) -> Any:
+        return self.tensors[name]
