@@ -14,6 +14,7 @@ from typing import Sequence
 import torch
 
 from mizuoto.errors import ModelLoadError
+from mizuoto.nn.lm.sampling import SAMPLER_KINDS, SamplerSettings
 
 
 def nucleus_sampling(scores: torch.Tensor, generator: torch.Generator | None,
@@ -53,20 +54,14 @@ def ras_sampling(scores: torch.Tensor, decoded: Sequence[int], generator: torch.
 
 
 @dataclass(frozen=True)
-class Sampler:
+class Sampler(SamplerSettings):
     """The yaml's `llm.sampling` node: which upstream sampler, with its keyword arguments."""
-
-    kind: str = "ras_sampling"
-    top_p: float = 0.8
-    top_k: int = 25
-    win_size: int = 10
-    tau_r: float = 0.1
 
     @classmethod
     def from_yaml(cls, node) -> "Sampler":
         """From a `!name:cosyvoice.utils.common.<sampler>` Tagged node (kwargs as in the yaml)."""
         kind = getattr(node, "cls", None)
-        if kind not in ("ras_sampling", "nucleus_sampling", "random_sampling"):
+        if kind not in SAMPLER_KINDS:
             raise ModelLoadError(f"llm.sampling: unknown sampler {getattr(node, 'target', node)!r}")
         allowed = {"ras_sampling": {"top_p", "top_k", "win_size", "tau_r"},
                    "nucleus_sampling": {"top_p", "top_k"}, "random_sampling": set()}[kind]

@@ -24,7 +24,7 @@ handled eagerly, exactly as upstream does it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Sequence
 
 import torch
@@ -92,27 +92,35 @@ def ras_draw(scores: torch.Tensor, decoded: Sequence[int], generator: torch.Gene
     return sampler(scores, decoded, generator)
 
 
+SAMPLER_KINDS = ("ras_sampling", "nucleus_sampling", "random_sampling")
+
+
 @dataclass(frozen=True)
-class FastSampler:
-    """Drop-in for a CosyVoice `Sampler` (same fields, same call) using the on-device draw."""
+class SamplerSettings:
+    """Which of upstream CosyVoice's samplers, with its keyword arguments (defaults: upstream's)."""
 
     kind: str = "ras_sampling"
     top_p: float = 0.8
     top_k: int = 25
     win_size: int = 10
     tau_r: float = 0.1
+
+
+@dataclass(frozen=True)
+class FastSampler(SamplerSettings):
+    """Drop-in for a CosyVoice `Sampler` (same fields, same call) using the on-device draw."""
+
     fixed_draws: bool | None = None
 
     @classmethod
     def like(cls, sampler: Any, fixed_draws: bool | None = None) -> "FastSampler":
-        """The fast version of any object with upstream's sampler fields (kind, top_p, ...)."""
-        kind = getattr(sampler, "kind", "ras_sampling")
-        if kind not in ("ras_sampling", "nucleus_sampling", "random_sampling"):
+        """The fast version of any object with upstream's sampler fields (kind, top_p, ...); missing ones default."""
+        kind = getattr(sampler, "kind", SamplerSettings.kind)
+        if kind not in SAMPLER_KINDS:
             raise ValueError(f"no fast path for sampler kind {kind!r}")
-        return cls(kind=kind, top_p=float(getattr(sampler, "top_p", 0.8)),
-                   top_k=int(getattr(sampler, "top_k", 25)),
-                   win_size=int(getattr(sampler, "win_size", 10)),
-                   tau_r=float(getattr(sampler, "tau_r", 0.1)), fixed_draws=fixed_draws)
+        numbers = {f.name: type(f.default)(getattr(sampler, f.name, f.default))
+                   for f in fields(SamplerSettings) if f.name != "kind"}
+        return cls(kind=kind, fixed_draws=fixed_draws, **numbers)
 
     def draw(self, scores: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
         """The first (nucleus) draw as a device tensor, with no host read (kinds with a nucleus)."""
