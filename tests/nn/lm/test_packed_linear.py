@@ -6,14 +6,12 @@ import pytest
 import torch
 from torch import nn
 
-from mizuoto.nn.lm.packed_linear import PackedLinear, pack_linears, packing_available
+from mizuoto.nn.lm.packed_linear import BLOCK, PackedLinear, pack_linears, packing_available
 from mizuoto.nn.lm.qwen import QwenConfig, QwenDecoder
 from mizuoto.runtime.memory import tensor_bytes
 
 CFG = QwenConfig(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=50)
-
-pytestmark = pytest.mark.skipif(not packing_available(torch.zeros(1)), reason="this torch has no oneDNN")
 
 
 def _decoder() -> QwenDecoder:
@@ -22,10 +20,10 @@ def _decoder() -> QwenDecoder:
 
 
 @torch.inference_mode()
-@pytest.mark.parametrize("rows", [2, 4, 8])
+@pytest.mark.parametrize("rows", [2, 3, 4, 8, 16])
 def test_a_row_depends_neither_on_the_other_rows_nor_on_its_place(rows):
     torch.manual_seed(rows)
-    layer = PackedLinear(nn.Linear(96, 200), rows)
+    layer = PackedLinear(nn.Linear(96, 7 * BLOCK - 3))  # the last block zero-filled
     x = torch.randn(rows, 96)
     out = layer(x)
     for r in range(rows):
@@ -40,7 +38,7 @@ def test_packed_layers_compute_the_linear_map_in_the_same_bytes():
     dense_bytes = tensor_bytes([dec])
     x = torch.randn(4, 3, CFG.hidden_size)
     dense = [layer.mlp.down_proj(x.new_ones(4, 3, CFG.intermediate_size)) for layer in dec.layers]
-    n = pack_linears(dec.layers, 4)
+    n = pack_linears(dec.layers)
     assert n == 7 * CFG.num_hidden_layers  # q, k, v, o, gate, up, down in each layer
     assert not any(isinstance(m, nn.Linear) for m in dec.layers.modules())
     assert tensor_bytes([dec]) == dense_bytes  # the packed weight replaces the dense one
@@ -48,12 +46,27 @@ def test_packed_layers_compute_the_linear_map_in_the_same_bytes():
         got = layer.mlp.down_proj(x.new_ones(4, 3, CFG.intermediate_size))
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)  # another kernel: not bit-equal
     q = dec.layers[0].self_attn.q_proj
-    assert q.bias is not None and "rows=4" in repr(q)
-    assert pack_linears(dec.layers, 4) == 0  # nothing left to pack
+    assert q.bias is not None and f"block={BLOCK}" in repr(q)
+    assert pack_linears(dec.layers) == 0  # nothing left to pack
 
 
 def test_only_float32_on_the_cpu_is_packed():
-    assert not packing_available(torch.zeros(1, dtype=torch.float64))
-    model = nn.Sequential(nn.Linear(4, 4).double(), nn.Linear(4, 4))
-    assert pack_linears(model, 2) == 1
+    assert packing_available(torch.zeros(BLOCK, 3))
+    assert not packing_available(torch.zeros(BLOCK, 3, dtype=torch.float64))
+    model = nn.Sequential(nn.Linear(4, BLOCK).double(), nn.Linear(4, BLOCK))
+    assert pack_linears(model) == 1
     assert isinstance(model[0], nn.Linear) and isinstance(model[1], PackedLinear)
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("out", [8, 2 * BLOCK, 2 * BLOCK + 5])
+def test_any_width_any_leading_shape_and_the_bias(out, bias):
+    torch.manual_seed(out)
+    dense = nn.Linear(24, out, bias=bias)
+    layer = PackedLinear(dense)
+    x = torch.randn(3, 5, 24)
+    got = layer(x)
+    assert got.shape == (3, 5, out) and got.is_contiguous()
+    torch.testing.assert_close(got, dense(x), rtol=1e-5, atol=1e-6)  # another kernel: not bit-equal
+    assert layer.packed.numel() == -(-out // BLOCK) * BLOCK * 24  # whole blocks, the last one zero-filled
