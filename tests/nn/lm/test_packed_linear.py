@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
 from torch import nn
 
+from mizuoto.nn.lm import packed_linear
 from mizuoto.nn.lm.packed_linear import BLOCK, PackedLinear, pack_linears, packing_available
 from mizuoto.nn.lm.qwen import QwenConfig, QwenDecoder
 from mizuoto.runtime.memory import tensor_bytes
@@ -70,3 +73,14 @@ def test_any_width_any_leading_shape_and_the_bias(out, bias):
     assert got.shape == (3, 5, out) and got.is_contiguous()
     torch.testing.assert_close(got, dense(x), rtol=1e-5, atol=1e-6)  # another kernel: not bit-equal
     assert layer.packed.numel() == -(-out // BLOCK) * BLOCK * 24  # whole blocks, the last one zero-filled
+
+
+def test_each_dense_layer_is_gone_before_its_memory_is_given_back(monkeypatch):
+    dec = _decoder()
+    dense = [weakref.ref(m) for m in dec.layers.modules() if isinstance(m, nn.Linear)]
+    alive_at_each_trim = []
+    monkeypatch.setattr(packed_linear, "_return_freed_memory",
+                        lambda: alive_at_each_trim.append(sum(r() is not None for r in dense)))
+    assert pack_linears(dec.layers) == len(dense)
+    # one layer freed before each trim: the process never holds more than one dense copy extra
+    assert alive_at_each_trim == list(range(len(dense) - 1, -1, -1))
