@@ -22,10 +22,10 @@ the cache, sized as its options say); a row leaves when its sequence ends, freei
 
 On the CPU the loop packs the decoder's layers when it starts, on its own thread before its
 first pass (`mizuoto.nn.lm.packed_linear`: weights in column blocks, products 2x faster at 8
-rows than `F.linear`'s, the same bytes; 0.8 s for Qwen2-0.5B). From then on the decoder is the batch's: its prefills use
-the packed layers too, and an unbatched loop over it would no longer have upstream's numerics
-(a model that batches runs every request through its batch; before the first, the bench's
-single-request table still times upstream's loop on it).
+rows than `F.linear`'s, the same bytes; 0.8 s for Qwen2-0.5B). From then on the decoder is the
+batch's: its prefills use the packed layers too, and an unbatched loop over it would no longer
+have upstream's numerics (a model that batches runs every request through its batch; before
+the first, the bench's single-request table still times upstream's loop on it).
 """
 
 from __future__ import annotations

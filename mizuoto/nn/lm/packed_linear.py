@@ -42,8 +42,9 @@ class PackedLinear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         with torch.no_grad():
-            weight = linear.weight.detach()
-            weight = F.pad(weight, (0, 0, 0, -self.out_features % BLOCK))  # zero columns fill the last block
+            weight, fill = linear.weight.detach(), -self.out_features % BLOCK
+            if fill:  # zero columns fill the last block (F.pad copies even when it adds nothing)
+                weight = F.pad(weight, (0, 0, 0, fill))
             blocks = weight.reshape(-1, BLOCK, self.in_features).transpose(1, 2).contiguous()
         self.register_buffer("packed", blocks)
         self.bias = linear.bias
