@@ -2,8 +2,9 @@
 
 Run on a CUDA machine from the repository root (assets from ../shared, or $MIZUOTO_ASSETS):
 
-    python scripts/gpu_check.py                 # all checks, ~2-4 minutes on a current card
+    python scripts/gpu_check.py                 # all checks, ~3-6 minutes on a current card (estimated)
     python scripts/gpu_check.py --quick         # fewer seeds and tokens (also runs on the CPU)
+    python scripts/gpu_check.py --model DIR     # a CosyVoice 2/3 directory instead of the random one
 
 It prints one JSON document (also written to $OUT/gpu_check.json when $OUT is set):
 1. sampler: the on-device nucleus draw (fixed top_k exponentials, as decoding uses it on CUDA)
@@ -14,7 +15,11 @@ It prints one JSON document (also written to $OUT/gpu_check.json when $OUT is se
    loop (dynamic cache, upstream sampler), of the on-device sampler with the static cache, and
    of CUDA graphs; equal, also when other draws from the same generator come between tokens
    (as CosyVoice 3's streaming flow does); ms/token of each and the LM step's GB/s.
-3. bench (CUDA only): `mizuoto bench --random cosyvoice2 --stream` tables without and with
+3. batch: the same model with a continuous batch (`compute.batch`, issue 14): seeded requests
+   run together give the same tokens with and without CUDA graphs captured at the batch width
+   (`runtime.decode.GraphBatchStep`), with their LM tokens/s; on CUDA, the `--concurrency`
+   sweep at 1, 4 and 16 streams (batch width 16) with graphs.
+4. bench (CUDA only): `mizuoto bench --random cosyvoice2 --stream` tables without and with
    CUDA graphs (the driver and the random model are mizuoto/engines/cosyvoice/bench.py's).
 """
 
@@ -28,6 +33,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -35,7 +41,7 @@ import torch
 
 from mizuoto.engines.cosyvoice.bench import BLANK_EN, build_random_cosyvoice2, lm_step_bytes
 from mizuoto.engines.cosyvoice.engine import CosyVoiceEngine
-from mizuoto.engines.cosyvoice.llm import load_lm
+from mizuoto.engines.cosyvoice.llm import ENDOFPROMPT_ID, load_lm
 from mizuoto.engines.cosyvoice.variants import find_variant, load_config
 from mizuoto.runtime.bench import device_bandwidth_gbs, synchronize
 from mizuoto.runtime.graphs import use_cuda_graphs
@@ -49,9 +55,9 @@ ASSETS = Path(os.environ.get("MIZUOTO_ASSETS", ROOT.parent / "shared" / "assets"
 
 # --- a full-size random CosyVoice 2 (written by the engine's bench module) ---------------------
 
-def random_lm(workdir: Path):
-    """(lm, tokenizer) of a full-size random CosyVoice 2 written to `workdir` (sizes from the assets)."""
-    model_dir = build_random_cosyvoice2(workdir / "random-cosyvoice2", ASSETS)
+def random_lm(workdir: Path, model_dir: Path | None = None):
+    """(lm, tokenizer) of `model_dir`, else of a full-size random CosyVoice 2 written to `workdir`."""
+    model_dir = model_dir or build_random_cosyvoice2(workdir / "random-cosyvoice2", ASSETS)
     config = load_config(model_dir, find_variant(model_dir))
     return load_lm(model_dir, config), QwenTokenizer.from_dir(model_dir / BLANK_EN)
 
@@ -103,7 +109,10 @@ class Decoder:
 def request_input(lm, tokenizer, text: str, prompt_text: str, prompt_tokens: int, device) -> torch.Tensor:
     """The LM input of a clone-style request with `prompt_tokens` random prompt speech tokens."""
     ids = torch.tensor([tokenizer.encode(text)], dtype=torch.int32)
-    pids = torch.tensor([tokenizer.encode(prompt_text)] if prompt_text else [[]], dtype=torch.int32).reshape(1, -1)
+    prompt = tokenizer.encode(prompt_text) if prompt_text else []
+    if lm.variant == "CosyVoice3LM":  # its LM input needs the end-of-prompt token
+        prompt.append(ENDOFPROMPT_ID)
+    pids = torch.tensor([prompt], dtype=torch.int32).reshape(1, -1)
     g = torch.Generator().manual_seed(1)
     ptok = torch.randint(0, lm.speech_token_size, (1, prompt_tokens), generator=g, dtype=torch.int32)
     with torch.inference_mode():
@@ -117,7 +126,7 @@ def new_generator(device: torch.device, seed: int) -> torch.Generator:
 # --- checks ------------------------------------------------------------------------------------
 
 def _sampling_tests():
-    path = ROOT / "tests" / "runtime" / "lm" / "test_fast_sampling.py"
+    path = ROOT / "tests" / "nn" / "lm" / "test_fast_sampling.py"
     spec = importlib.util.spec_from_file_location("fast_sampling_cases", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -153,9 +162,10 @@ def check_sampler(device: torch.device, seeds: int) -> dict:
     return report
 
 
-def check_decode(device: torch.device, tokens: int, dtypes: list[torch.dtype], workdir: Path) -> dict:
-    """Upstream-style vs fast vs graphs on a full-size random CosyVoice 2 LM."""
-    lm, tok = random_lm(workdir)
+def check_decode(device: torch.device, tokens: int, dtypes: list[torch.dtype], workdir: Path,
+                 model_dir: Path | None = None) -> dict:
+    """Upstream-style vs fast vs graphs on a full-size random CosyVoice 2 LM (or `model_dir`'s)."""
+    lm, tok = random_lm(workdir, model_dir)
     text = "Mizuoto measures how fast each stage of a speech model runs on this machine, token by token."
     report: dict = {"tokens": tokens}
     bandwidth, source = device_bandwidth_gbs(device)
@@ -193,7 +203,53 @@ def check_decode(device: torch.device, tokens: int, dtypes: list[torch.dtype], w
     return report
 
 
-def run_bench_tables(device: torch.device, tokens: int, workdir: Path) -> dict:
+def check_batch(device: torch.device, tokens: int, seeds: int, levels: list[int], workdir: Path,
+                model_dir: Path | None = None) -> dict:
+    """Batched tokens without and with CUDA graphs at the batch width (equal); tokens/s; the sweep."""
+    from mizuoto.runtime.bench import BenchSettings, concurrency_sweep
+    from mizuoto.runtime.options import parse_options
+
+    width = max(max(levels), seeds)
+    settings = BenchSettings(tokens=tokens, runs=1, warmup=1)
+    report: dict = {"width": width, "tokens": tokens, "requests": seeds}
+    runs = {}
+    for graphs in (False, True):
+        options = parse_options({"device": str(device), "compute.batch": width,
+                                 "compute.cuda_graphs": graphs}).resolved()
+        driver = CosyVoiceEngine().bench_driver(model_dir, None if model_dir else "cosyvoice2", options, settings,
+                                                workdir, ASSETS)
+        driver.use_batch(True)
+
+        def draw(driver, seed: int, out: dict) -> None:
+            out[seed] = list(driver.synthesizer(tokens).lm_tokens(driver.inputs, new_generator(device, seed)))
+
+        draw(driver, 0, {})  # warm-up: the batch loop starts (and captures its graphs at its first step)
+        got: dict = {}
+        threads = [threading.Thread(target=draw, args=(driver, s, got)) for s in range(seeds)]
+        start = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - start
+        batcher = driver.model.batcher
+        graphed = batcher.graphed
+        mode = "graphs" if graphs else "eager"
+        runs[mode] = [got[s] for s in range(seeds)]
+        row = {"lm_tokens_per_s": seeds * tokens / wall, "captured": bool(graphed and graphed.captured),
+               "captures": graphed.captures if graphed else 0, "batch": batcher.stats()}
+        if graphs and device.type == "cuda":
+            driver.use_batch(False)
+            row["concurrency"] = concurrency_sweep(driver, settings, levels)
+        report[mode] = row
+        driver.model.close()
+        del driver
+    report["tokens_equal"] = runs["graphs"] == runs["eager"]
+    report["first_tokens"] = [r[:5] for r in runs["eager"]]
+    return report
+
+
+def run_bench_tables(device: torch.device, tokens: int, workdir: Path, model_dir: Path | None = None) -> dict:
     """`mizuoto bench --random cosyvoice2 --stream` on the device: without and with CUDA graphs."""
     from mizuoto.runtime.bench import BenchSettings, benchmark, format_table
     from mizuoto.runtime.options import parse_options
@@ -203,7 +259,8 @@ def run_bench_tables(device: torch.device, tokens: int, workdir: Path) -> dict:
     for graphs in (False, True):
         options = parse_options({"device": str(device), "compute.kv_cache": "static",
                                  "compute.cuda_graphs": graphs}).resolved()
-        driver = CosyVoiceEngine().bench_driver(None, "cosyvoice2", options, settings, workdir, ASSETS)
+        driver = CosyVoiceEngine().bench_driver(model_dir, None if model_dir else "cosyvoice2", options, settings,
+                                                workdir, ASSETS)
         result = benchmark(driver, settings)
         print(format_table(result), file=sys.stderr)
         out["graphs" if graphs else "fast"] = result
@@ -217,8 +274,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="fewer seeds and tokens")
     p.add_argument("--tokens", type=int, default=200)
     p.add_argument("--seeds", type=int, default=20)
-    p.add_argument("--skip", action="append", default=[], choices=["sampler", "decode", "bench"])
+    p.add_argument("--skip", action="append", default=[], choices=["sampler", "decode", "batch", "bench"])
+    p.add_argument("--concurrency", default="1,4,16", help="the batched sweep's levels (CUDA)")
     p.add_argument("--workdir", help="where the random full-size model is written (reused if there)")
+    p.add_argument("--model", type=Path, help="a CosyVoice 2/3 model directory instead of the random full-size one")
     args = p.parse_args(argv)
     device = torch.device(args.device)
     tokens, seeds = (24, 2) if args.quick else (args.tokens, args.seeds)
@@ -231,9 +290,13 @@ def main(argv: list[str] | None = None) -> int:
         report["sampler"] = check_sampler(device, seeds)
     if "decode" not in args.skip:
         dtypes = [torch.float32] + ([torch.bfloat16] if device.type == "cuda" else [])
-        report["decode"] = check_decode(device, tokens, dtypes, workdir)
+        report["decode"] = check_decode(device, tokens, dtypes, workdir, args.model)
+    if "batch" not in args.skip:
+        levels = [int(c) for c in args.concurrency.split(",")]
+        report["batch"] = check_batch(device, tokens, 2 if args.quick else 8, [2] if args.quick else levels, workdir,
+                                      args.model)
     if "bench" not in args.skip and device.type == "cuda":
-        report["bench"] = run_bench_tables(device, tokens, workdir)
+        report["bench"] = run_bench_tables(device, tokens, workdir, args.model)
     if not args.workdir:
         shutil.rmtree(workdir, ignore_errors=True)
     report["seconds"] = time.perf_counter() - start
@@ -245,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     for key, row in report.get("decode", {}).items():
         if isinstance(row, dict) and "tokens_equal" in row:
             ok &= all(row["tokens_equal"].values()) and all(row["interleaved_tokens_equal"].values())
+    ok &= report.get("batch", {}).get("tokens_equal", True)
     print("ALL CHECKS PASSED" if ok else "SOME CHECKS FAILED", file=sys.stderr)
     return 0 if ok else 1
 

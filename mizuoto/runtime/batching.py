@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from mizuoto.errors import RequestCancelled
+from mizuoto.runtime.decode import GraphBatchStep
 from mizuoto.nn.lm.packed_linear import pack_linears
 from mizuoto.nn.lm.qwen import QwenDecoder
 from mizuoto.nn.lm.sampling import FastSampler
@@ -136,17 +137,20 @@ class DecodeBatcher:
     `head` maps normed hidden states (B, T, hidden) to scores, (V,) for B = 1 and (B, V) else;
     `gate()` is the stage gate the loop holds around its forward passes (the model's `use`);
     `sampler` draws as the unbatched loop does (its fast on-device form on CUDA); `pack`: pack the
-    layers (`nn.lm.packed_linear`; only float32 CPU weights are packed).
+    layers (`nn.lm.packed_linear`; only float32 CPU weights are packed); `cuda_graphs`: on CUDA,
+    replay each step's row-independent parts as CUDA graphs captured at the width
+    (`runtime.decode.GraphBatchStep`; the same results as eager steps).
     """
 
     def __init__(self, decoder: QwenDecoder, head: Callable[[torch.Tensor], torch.Tensor], width: int,
                  gate: Callable[[], contextlib.AbstractContextManager], sampler: Any, name: str = "lm",
-                 pack: bool = True) -> None:
+                 pack: bool = True, cuda_graphs: bool = False) -> None:
         if width < 2:
             raise ValueError(f"a batch needs a width of at least 2, got {width}")
         self.decoder, self.head, self.width, self.gate = decoder, head, width, gate
         fast = decoder.embed_tokens.weight.device.type == "cuda"
         self._pack = pack
+        self.graphed = GraphBatchStep(decoder, head, width) if cuda_graphs else None
         self.packed = 0  # layers packed, once the loop has started (CPU float32 only)
         self.sampler = FastSampler.like(sampler) if fast else sampler
         self.name = name
@@ -324,7 +328,11 @@ class DecodeBatcher:
         for r in rows:
             x[r.index] = r.pending[0]
             caches[r.index] = r.cache
-        scores = self.head(self.decoder.step_rows(x, caches)).reshape(self.width, -1)
+        if self.graphed is not None and x.is_cuda:
+            # the graphs' output is overwritten by the next step, which a straggling row's draw may outlast
+            scores = self.graphed(x, caches).clone()
+        else:
+            scores = self.head(self.decoder.step_rows(x, caches)).reshape(self.width, -1)
         self.steps += 1
         self.row_steps += len(rows)
         return {r.index: scores[r.index] for r in rows}

@@ -6,9 +6,11 @@ dynamic cache). So a step is L + 1 graphs: [rope, layer 0 up to attention, cache
 L - 1 times [layer i-1 after attention, layer i up to attention, cache write], and
 [last layer after attention, final norm, output head]; between them the L attention calls run
 eagerly. The draw is a further graph (`GraphDraw`). Nothing here reads the device from the
-host: the only wait per token is the caller's read of the drawn token.
+host: the only wait per token is the caller's read of the drawn token. A continuous batch's
+step (`GraphBatchStep`) is cut the same way at its fixed width, with each row's cache write
+and attention between the graphs.
 
-The same object runs the same ops eagerly where graphs can't run (or are off), which is how
+The same objects run the same ops eagerly where graphs can't run (or are off), which is how
 it is tested on the CPU against `QwenDecoder.forward`.
 """
 
@@ -122,6 +124,102 @@ class GraphDecodeStep:
                 out = self.last(resid, attn)
         cache.advance(1)
         return out
+
+
+class GraphBatchStep:
+    """`step(x, caches) -> scores (W, V)`: `QwenDecoder.step_rows` + `head` at a fixed width W, as CUDA graphs.
+
+    x is (W, 1, hidden), row r after `caches[r]` (None: an empty row). What treats every row the
+    same (RoPE, norms, projections, MLP, the head) is L + 1 graphs at width W, as in
+    `GraphDecodeStep`; between them each row's cache write and attention run eagerly over that
+    row's own cache, dynamic or static (`QwenDecoder.attend_rows`), so a step computes what
+    `step_rows` computes, op for op. The graphs are captured at the first step and read the
+    weights where they were then: a step after the decoder's parameters moved (a stage evicted
+    and brought back) captures them again. Eager where graphs can't run, which is how it is
+    tested on the CPU against `step_rows`. The returned scores are overwritten by the next step.
+    """
+
+    def __init__(self, decoder: QwenDecoder, head: Callable[[torch.Tensor], torch.Tensor], width: int,
+                 *, graphs: bool = True) -> None:
+        self.decoder, self.head, self.width, self.graphs = decoder, head, width, graphs
+        self.layers = decoder.config.num_hidden_layers
+        self.captured = False
+        self.captures = 0          # how many times the graphs were (re)captured
+        self._where: tuple | None = None  # the weights' addresses, dtype and device the graphs read
+
+    def _first(self, x: torch.Tensor, pos: torch.Tensor):
+        cos, sin = self.decoder.rope(pos[:, None], x.dtype)
+        return (cos, sin, *self.decoder.layer_pre(0, x, cos, sin))
+
+    def _middle(self, i: int):
+        def run(resid: torch.Tensor, attn: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+            x = self.decoder.layer_post(i - 1, resid, attn)
+            return (x, *self.decoder.layer_pre(i, x, cos, sin))
+        return run
+
+    def _last(self, resid: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        x = self.decoder.layer_post(self.layers - 1, resid, attn)
+        return self.head(self.decoder.norm(x)).reshape(self.width, -1)
+
+    def _capture(self, x: torch.Tensor) -> bool:
+        cfg, device = self.decoder.config, x.device
+        pool = new_pool(device)
+        self.x = torch.zeros_like(x)
+        self.pos = torch.zeros(self.width, dtype=torch.long, device=device)
+        first = GraphedCallable(self._first, [self.x, self.pos], pool=pool, inputs_are_static=True,
+                                name="batched step: layer 0 before attention")
+        if not first.captured:
+            return False
+        cos, sin, q, k, v = first.outputs
+        self.attn = torch.zeros(self.width, 1, cfg.num_attention_heads, cfg.head_dim, dtype=q.dtype, device=device)
+        self.segments, resid = [first], self.x
+        for i in range(1, self.layers):
+            g = GraphedCallable(self._middle(i), [resid, self.attn, cos, sin], pool=pool, inputs_are_static=True,
+                                name=f"batched step: layers {i - 1}/{i}")
+            if not g.captured:
+                return False
+            resid = g.outputs[0]
+            self.segments.append(g)
+        last = GraphedCallable(self._last, [resid, self.attn], pool=pool, inputs_are_static=True,
+                               name="batched step: last layer and head")
+        self.segments.append(last)
+        return last.captured
+
+    def _weights_at(self, x: torch.Tensor) -> tuple:
+        kind = x.device.type
+        return (x.device, x.dtype, torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind),
+                *(p.data_ptr() for p in self.decoder.parameters()))
+
+    def __call__(self, x: torch.Tensor, caches: list) -> torch.Tensor:
+        """One step of every row with a cache (x: (W, 1, hidden)); the head's output (W, V)."""
+        dec = self.decoder
+        if self.graphs and unavailable_reason(x.device) is None:
+            where = self._weights_at(x)
+            if where != self._where:
+                self.captured, self._where = self._capture(x), where
+                self.captures += 1
+        else:
+            self.captured = False
+        pos = dec.row_positions(caches, x.device)
+        if self.captured:
+            self.x.copy_(x)
+            self.pos.copy_(pos)
+            self.attn.zero_()  # an empty row's attention stays zeros, as in step_rows
+            x, pos, attn = self.x, self.pos, self.attn
+            first, *middle, last = self.segments
+        else:  # the same segments, eagerly
+            first, last, attn = self._first, self._last, None
+            middle = [self._middle(i) for i in range(1, self.layers)]
+        cos, sin, q, k, v = first(x, pos)
+        if attn is None:
+            attn = torch.zeros(self.width, 1, q.shape[1], q.shape[3], dtype=q.dtype, device=x.device)
+        resid = x
+        for i in range(self.layers):
+            dec.attend_rows(i, q, k, v, caches, pos, attn)
+            if i + 1 < self.layers:
+                resid, q, k, v = middle[i](resid, attn, cos, sin)
+        dec.advance_rows(caches)
+        return last(resid, attn)
 
 
 class GraphDraw:

@@ -116,7 +116,9 @@ class GraphedCallable:
         graph = torch.cuda.CUDAGraph()
         if self.generator is not None:
             graph.register_generator_state(self.generator)
-        with torch.cuda.graph(graph, pool=pool):
+        # thread_local: other threads (other requests, other models' batch loops) keep using the
+        # device while this one captures; "global" would make their CUDA calls fail meanwhile
+        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
             self.outputs = self.fn(*self._args())
         _map(lambda t: t, self.outputs)  # refuse anything but tensors: only they are static
         self.graph = graph

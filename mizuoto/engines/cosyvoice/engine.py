@@ -133,12 +133,13 @@ class CosyVoiceModel(Model):
         if not isinstance(self.llm, QwenSpeechLM):
             log.warning("CosyVoice 1's LM does not batch: %s runs one request at a time", self.model_dir)
             return None
-        if self.options.compute.cuda_graphs:
-            log.warning("compute.cuda_graphs: batched decode steps run eagerly (not captured)")
+        device = torch.device(self.options.device)
+        # the batch's steps write each row's cache eagerly between the graphs: any cache kind will do
+        graphs = use_cuda_graphs(self.options.compute.cuda_graphs, device, "the LM's batched steps")
         self.batch_width = width
         # the LM is built on the CPU and placed later: the batch packs its layers only if it stays there
         return DecodeBatcher(self.llm.llm, self.llm.step_head, width, lambda: self.use("llm"), self.llm.sampler,
-                             name=self.model_dir.name, pack=torch.device(self.options.device).type == "cpu")
+                             name=self.model_dir.name, pack=device.type == "cpu", cuda_graphs=graphs)
 
     def _capabilities(self) -> Capabilities:
         modes = set()

@@ -273,19 +273,38 @@ class QwenDecoder(nn.Module):
         kernels whatever the other rows hold); attention runs per row over that row's own cache,
         as a one-sequence step does. Returns the normed hidden states (B, 1, hidden).
         """
-        rows = [r for r, c in enumerate(caches) if c is not None]
-        pos = torch.tensor([c.length if c is not None else 0 for c in caches], device=x.device)
+        pos = self.row_positions(caches, x.device)
         cos, sin = self.rope(pos[:, None], x.dtype)
         for i in range(len(self.layers)):
             q, k, v = self.layer_pre(i, x, cos, sin)
             attn = torch.zeros(q.shape[0], 1, q.shape[1], q.shape[3], dtype=q.dtype, device=q.device)
-            for r in rows:
-                kr, vr = caches[r].update(i, k[r:r + 1], v[r:r + 1], pos[r:r + 1])
-                attn[r:r + 1] = attend(q[r:r + 1], kr, vr, self.n_rep, self.scale, None)
-            x = self.layer_post(i, x, attn)
-        for r in rows:
-            caches[r].advance(1)
+            x = self.layer_post(i, x, self.attend_rows(i, q, k, v, caches, pos, attn))
+        self.advance_rows(caches)
         return self.norm(x)
+
+    @staticmethod
+    def row_positions(caches: list[KVCache | None], device: torch.device) -> torch.Tensor:
+        """Each row's next position (B,): its cache's length, 0 for an empty row."""
+        return torch.tensor([c.length if c is not None else 0 for c in caches], device=device)
+
+    def attend_rows(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    caches: list[KVCache | None], pos: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """Layer i's attention row by row: row r's k, v written into caches[r] at pos[r], its output into out[r].
+
+        q, k, v are (B, heads, 1, D) and out (B, 1, heads, D); an empty row's out is left as it is.
+        """
+        for r, cache in enumerate(caches):
+            if cache is not None:
+                kr, vr = cache.update(i, k[r:r + 1], v[r:r + 1], pos[r:r + 1])
+                out[r:r + 1] = attend(q[r:r + 1], kr, vr, self.n_rep, self.scale, None)
+        return out
+
+    @staticmethod
+    def advance_rows(caches: list[KVCache | None]) -> None:
+        """Mark one more position filled in every row's cache (after a step of all layers)."""
+        for cache in caches:
+            if cache is not None:
+                cache.advance(1)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The output head (tied to embed_tokens unless the config unties it)."""
