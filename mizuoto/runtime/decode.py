@@ -198,6 +198,8 @@ class GraphBatchStep:
             if where != self._where:
                 self.captured, self._where = self._capture(x), where
                 self.captures += 1
+                if not self.captured:  # logged by GraphedCallable; eager from now on, graphs freed
+                    self.segments = []
         else:
             self.captured = False
         pos = dec.row_positions(caches, x.device)

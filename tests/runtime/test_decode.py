@@ -160,3 +160,21 @@ def test_the_batch_uses_its_graphed_step_only_on_cuda():
     assert isinstance(batcher.graphed, GraphBatchStep)
     assert DecodeBatcher(dec, _head(dec), WIDTH, contextlib.nullcontext, sampler=None).graphed is None
     batcher.close()
+
+
+@torch.inference_mode()
+def test_a_batch_step_whose_capture_fails_runs_eagerly(monkeypatch):
+    def refuse(self, device, warmup, pool):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(graphs, "unavailable_reason", lambda device: None)
+    monkeypatch.setattr(decode, "unavailable_reason", lambda device: None)
+    monkeypatch.setattr(decode, "new_pool", lambda device=None: None)
+    monkeypatch.setattr(GraphedCallable, "_capture", refuse)
+    dec = _decoder(3)
+    step = GraphBatchStep(dec, _head(dec), WIDTH)
+    ref_caches, caches = _caches(dec, KINDS, 5), _caches(dec, KINDS, 5)
+    want = _steps(_reference(dec), dec, ref_caches, 4)
+    got = _steps(step, dec, caches, 4)
+    assert not step.captured and step.captures == 1 and step.segments == []  # tried once, not again
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
