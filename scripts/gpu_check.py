@@ -233,11 +233,10 @@ def check_batch(device: torch.device, tokens: int, seeds: int, levels: list[int]
             t.join()
         wall = time.perf_counter() - start
         batcher = driver.model.batcher
-        graphed = batcher.graphed
         mode = "graphs" if graphs else "eager"
         runs[mode] = [got[s] for s in range(seeds)]
-        row = {"lm_tokens_per_s": seeds * tokens / wall, "captured": bool(graphed and graphed.captured),
-               "captures": graphed.captures if graphed else 0, "batch": batcher.stats()}
+        row = {"lm_tokens_per_s": seeds * tokens / wall, "captured": batcher.batch_step.captured,
+               "captures": batcher.batch_step.captures, "batch": batcher.stats()}
         if graphs and device.type == "cuda":
             driver.use_batch(False)
             row["concurrency"] = concurrency_sweep(driver, settings, levels)

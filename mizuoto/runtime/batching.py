@@ -150,7 +150,7 @@ class DecodeBatcher:
         self.decoder, self.head, self.width, self.gate = decoder, head, width, gate
         fast = decoder.embed_tokens.weight.device.type == "cuda"
         self._pack = pack
-        self.graphed = GraphBatchStep(decoder, head, width) if cuda_graphs else None
+        self.batch_step = GraphBatchStep(decoder, head, width, graphs=cuda_graphs)  # step_rows unless captured
         self.packed = 0  # layers packed, once the loop has started (CPU float32 only)
         self.sampler = FastSampler.like(sampler) if fast else sampler
         self.name = name
@@ -328,11 +328,9 @@ class DecodeBatcher:
         for r in rows:
             x[r.index] = r.pending[0]
             caches[r.index] = r.cache
-        if self.graphed is not None and x.is_cuda:
-            # the graphs' output is overwritten by the next step, which a straggling row's draw may outlast
-            scores = self.graphed(x, caches).clone()
-        else:
-            scores = self.head(self.decoder.step_rows(x, caches)).reshape(self.width, -1)
+        scores = self.batch_step(x, caches)
+        if self.batch_step.captured:  # overwritten by the next step, which a straggler's draw may outlast
+            scores = scores.clone()
         self.steps += 1
         self.row_steps += len(rows)
         return {r.index: scores[r.index] for r in rows}

@@ -10,8 +10,8 @@ host: the only wait per token is the caller's read of the drawn token. A continu
 step (`GraphBatchStep`) is cut the same way at its fixed width, with each row's cache write
 and attention between the graphs.
 
-The same objects run the same ops eagerly where graphs can't run (or are off), which is how
-it is tested on the CPU against `QwenDecoder.forward`.
+Where graphs can't run (or are off) `GraphDecodeStep` runs the same ops eagerly, which is how
+it is tested on the CPU against `QwenDecoder.forward`; `GraphBatchStep` is then `step_rows`.
 """
 
 from __future__ import annotations
@@ -135,8 +135,9 @@ class GraphBatchStep:
     row's own cache, dynamic or static (`QwenDecoder.attend_rows`), so a step computes what
     `step_rows` computes, op for op. The graphs are captured at the first step and read the
     weights where they were then: a step after the decoder's parameters moved (a stage evicted
-    and brought back) captures them again. Eager where graphs can't run, which is how it is
-    tested on the CPU against `step_rows`. The returned scores are overwritten by the next step.
+    and brought back) captures them again. Where graphs can't run (or their capture failed) a
+    step is `step_rows` itself. When `captured`, the returned scores are overwritten by the next
+    step.
     """
 
     def __init__(self, decoder: QwenDecoder, head: Callable[[torch.Tensor], torch.Tensor], width: int,
@@ -202,26 +203,20 @@ class GraphBatchStep:
                     self.segments = []
         else:
             self.captured = False
-        pos = dec.row_positions(caches, x.device)
-        if self.captured:
-            self.x.copy_(x)
-            self.pos.copy_(pos)
-            self.attn.zero_()  # an empty row's attention stays zeros, as in step_rows
-            x, pos, attn = self.x, self.pos, self.attn
-            first, *middle, last = self.segments
-        else:  # the same segments, eagerly
-            first, last, attn = self._first, self._last, None
-            middle = [self._middle(i) for i in range(1, self.layers)]
-        cos, sin, q, k, v = first(x, pos)
-        if attn is None:
-            attn = torch.zeros(self.width, 1, q.shape[1], q.shape[3], dtype=q.dtype, device=x.device)
-        resid = x
+        if not self.captured:
+            return self.head(dec.step_rows(x, caches)).reshape(self.width, -1)
+        self.x.copy_(x)
+        self.pos.copy_(dec.row_positions(caches, x.device))
+        self.attn.zero_()  # an empty row's attention stays zeros, as in step_rows
+        first, *middle, last = self.segments
+        cos, sin, q, k, v = first(self.x, self.pos)
+        resid = self.x
         for i in range(self.layers):
-            dec.attend_rows(i, q, k, v, caches, pos, attn)
+            dec.attend_rows(i, q, k, v, caches, self.pos, self.attn)
             if i + 1 < self.layers:
-                resid, q, k, v = middle[i](resid, attn, cos, sin)
+                resid, q, k, v = middle[i](resid, self.attn, cos, sin)
         dec.advance_rows(caches)
-        return last(resid, attn)
+        return last(resid, self.attn)
 
 
 class GraphDraw:

@@ -1,7 +1,7 @@
 """A continuous batch's graphed step (runtime.decode.GraphBatchStep) on the CPU.
 
-Eagerly it must compute what `QwenDecoder.step_rows` + the head compute, bit for bit. Its
-captured form is checked here with a stand-in for a CUDA graph that behaves like one (a replay
+Uncaptured it is `QwenDecoder.step_rows` + the head; captured it must compute the same, bit for
+bit. Its captured form is checked here with a stand-in for a CUDA graph that behaves like one (a replay
 reruns the captured function on the static inputs and overwrites the static outputs): that
 exercises the static buffers, their chaining from graph to graph and the recapture after the
 weights move, which a real GPU run (scripts/gpu_check.py) then confirms.
@@ -84,9 +84,9 @@ KINDS = ["dynamic", None, "static", "dynamic"]
 
 @pytest.mark.parametrize("layers", [1, 3])
 @torch.inference_mode()
-def test_eager_batch_step_is_step_rows(layers):
+def test_off_cuda_the_batch_step_is_step_rows(layers):
     dec = _decoder(layers)
-    step = GraphBatchStep(dec, _head(dec), WIDTH, graphs=True)  # off CUDA: eager
+    step = GraphBatchStep(dec, _head(dec), WIDTH, graphs=True)  # off CUDA: nothing to capture
     ref_caches, caches = _caches(dec, KINDS, 1), _caches(dec, KINDS, 1)
     want = _steps(_reference(dec), dec, ref_caches, 6, join_at=2)
     got = _steps(step, dec, caches, 6, join_at=2)
@@ -153,13 +153,12 @@ def test_a_batch_step_captures_again_after_its_weights_move(stand_in_graphs):
     assert step.captured and step.captures == 2
 
 
-@torch.inference_mode()
-def test_the_batch_uses_its_graphed_step_only_on_cuda():
+def test_the_batch_captures_its_steps_only_when_asked():
     dec = _decoder(2)
-    batcher = DecodeBatcher(dec, _head(dec), WIDTH, contextlib.nullcontext, sampler=None, cuda_graphs=True)
-    assert isinstance(batcher.graphed, GraphBatchStep)
-    assert DecodeBatcher(dec, _head(dec), WIDTH, contextlib.nullcontext, sampler=None).graphed is None
-    batcher.close()
+    for asked in (True, False):
+        batcher = DecodeBatcher(dec, _head(dec), WIDTH, contextlib.nullcontext, sampler=None, cuda_graphs=asked)
+        assert isinstance(batcher.batch_step, GraphBatchStep) and batcher.batch_step.graphs is asked
+        batcher.close()
 
 
 @torch.inference_mode()
