@@ -18,6 +18,11 @@ from mizuoto.testing.toy import write_model
 torch.set_num_threads(2)
 fixtures_root()  # raises at collection if the fixture tree is missing
 
+# The fixtures' CAM++ embeddings are onnxruntime's on AVX-512 CPUs (16-channel NCHWc blocks): on a
+# CPU without AVX-512 (8-channel blocks there) the exact CAM++ takes the recording CPUs' block, as
+# the MKL plugin steers MKL (set in the environment, so child processes steer too).
+os.environ.setdefault("MIZUOTO_ORT_NCHWC_BLOCK", "16")
+
 # A private, empty $MIZUOTO_HOME: caches land there, and no resource hides a missing install.
 os.environ["MIZUOTO_HOME"] = tempfile.mkdtemp(prefix="mizuoto-home-")
 
@@ -36,3 +41,10 @@ def _own_voice_store(tmp_path_factory, monkeypatch):
 def tone_dir(tmp_path):
     """A fresh sine-tone model directory (the toy engine of mizuoto.testing.toy)."""
     return write_model(tmp_path / "tone")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Name this CPU and the full-pipeline recording it was compared with (fixtures, a per-CPU one, none)."""
+    from mizuoto.testing.cpu_recordings import recording_for_this_cpu
+
+    terminalreporter.write_line(recording_for_this_cpu().describe())

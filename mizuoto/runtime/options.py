@@ -15,6 +15,9 @@ from mizuoto.errors import InvalidRequest
 
 PRECISIONS = ("fp32", "fp16")
 KV_CACHES = ("dynamic", "static")
+# How a new reference clip is analysed: in the reference implementation's float order (the same
+# numbers; CosyVoice's CAM++ as onnxruntime computes it, ~1 s a new voice) or with torch's kernels.
+REFERENCE_ORDERS = ("exact", "fast")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -36,15 +39,17 @@ def _choice(key: str, value: Any, choices: tuple[str, ...]) -> str:
 
 @dataclass(frozen=True)
 class ComputeOptions:
-    """How the heavy parts run: KV cache layout, CUDA graphs, torch.compile, LM batch width."""
+    """How the heavy parts run: KV cache layout, CUDA graphs, torch.compile, LM batch width, reference analysis."""
 
     kv_cache: str = "dynamic"
     cuda_graphs: bool = False
     compile: bool = False
     batch: int = 1  # requests whose LM steps share one batched step (1: one at a time, upstream's exact path)
+    reference: str = "exact"  # REFERENCE_ORDERS: how a new voice's reference clip is analysed
 
     def __post_init__(self) -> None:
         _choice("compute.kv_cache", self.kv_cache, KV_CACHES)
+        _choice("compute.reference", self.reference, REFERENCE_ORDERS)
         try:
             batch = int(self.batch)
         except (TypeError, ValueError):

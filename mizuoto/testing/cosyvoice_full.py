@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from mizuoto.runtime.engine import Reference, SynthesisRequest
+from mizuoto.testing.cpu_recordings import CpuRecording, recording_for_this_cpu
 from mizuoto.testing.fixtures import Recording, assets_root, fixtures_root, load_tensors, read_manifest
 
 FULL = "full"
@@ -34,6 +35,7 @@ class FullCase(Recording):
     """A loaded full-pipeline case (`meta`, `tensors`) and its manifest's path."""
 
     json_path: Path = field(kw_only=True)
+    cpu: CpuRecording = field(kw_only=True)
 
     @property
     def id(self) -> str:
@@ -77,9 +79,12 @@ def list_full_cases(root: Path | None = None) -> list[Path]:
 
 
 def load_full_case(path: Path) -> FullCase:
-    """A case's manifest and tensors."""
+    """A case's manifest and tensors, as recorded for this machine's CPU (`cpu_recordings`)."""
     meta = json.loads(path.read_text(encoding="utf-8"))
-    return FullCase(meta, load_tensors(path, meta), json_path=path)
+    tensors = load_tensors(path, meta)
+    cpu = recording_for_this_cpu(path.parent.parent.parent)
+    cpu.apply(path.parent.parent.name, path.stem, meta, tensors)
+    return FullCase(meta, tensors, json_path=path, cpu=cpu)
 
 
 # -- model dir -----------------------------------------------------------------------------------

@@ -28,12 +28,19 @@ def test_defaults_and_spellings():
     ({"precision": "int8"}, "precision must be one of fp32, fp16"),
     ({"compute.kv_cache": "paged"}, "kv_cache must be one of dynamic, static"),
     ({"compute.cuda_graphs": "maybe"}, "cuda_graphs must be true or false"),
+    ({"compute.reference": "approximate"}, "reference must be one of exact, fast"),
     ({"device": "gpu0"}, "not a device name"),
     ({"device": 0}, "device must be a string"),
 ])
 def test_rejected(options, match):
     with pytest.raises(InvalidRequest, match=match):
         parse_options(options)
+
+
+def test_reference_analysis_is_exact_unless_asked_fast():
+    assert parse_options().compute.reference == "exact"
+    assert parse_options({"compute.reference": "fast"}).compute.reference == "fast"
+    assert parse_options(compute={"reference": "fast"}).as_dict()["compute"]["reference"] == "fast"
 
 
 def test_resolved_device():

@@ -96,7 +96,8 @@ class CosyVoiceModel(Model):
             self.flow.decoder.estimator.compile()
         noise = cosyvoice3_noise(config) if variant.version == 3 else None
         self.hift = load_hift(model_dir / "hift.pt", config, noise, device="cpu")
-        self.frontend = CosyVoiceFrontend(model_dir, variant, config, device="cpu")
+        self.frontend = CosyVoiceFrontend(model_dir, variant, config, device="cpu",
+                                          exact_embedding=self.options.compute.reference == "exact")
         self.presets, self.cached = self._read_spk2info(model_dir / "spk2info.pt")
         self._voices_lock = threading.Lock()
         self.schedule = schedule_for(variant.version, self.flow, self.sample_rate)

@@ -8,7 +8,10 @@ directory that lacks, say, the ONNX files still serves the modes that do not nee
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
@@ -27,6 +30,11 @@ PROMPT_MEL_RATE = 24000     # upstream computes the prompt mel at 24 kHz for eve
 MAX_PROMPT_SECONDS = 30     # upstream: "do not support extract speech token for audio longer than 30s"
 WHISPER_MELS = 128          # the speech tokenizer's input: Whisper log-mel, 128 bins (v1-v3)
 FBANK_BINS = 80
+EMBEDDINGS_KEPT = 64         # recent reference clips whose CAM++ embedding is kept (192 floats each)
+# (CAM++ file, 16 kHz samples, exact) -> embedding, shared by the process's models (speaker_embedding)
+_EMBEDDINGS: OrderedDict[tuple, torch.Tensor] = OrderedDict()
+_EMBEDDINGS_LOCK = threading.Lock()
+log = logging.getLogger("mizuoto.cosyvoice")
 BLANK_EN = "CosyVoice-BlankEN"
 CAMPPLUS = "campplus.onnx"
 
@@ -47,8 +55,9 @@ class CosyVoiceFrontend:
     """Text and voice-prompt processing for one CosyVoice model directory."""
 
     def __init__(self, model_dir: Path, variant: Variant, config: dict, device: torch.device | str = "cpu",
-                 progress: Callable | None = None):
+                 progress: Callable | None = None, exact_embedding: bool = True):
         self.model_dir = Path(model_dir)
+        self.exact_embedding = exact_embedding  # CAM++ in onnxruntime's float order (compute.reference)
         self.variant = variant
         self.config = config
         self.device = torch.device(device)
@@ -59,6 +68,7 @@ class CosyVoiceFrontend:
         self.mel_config = MatchaMelConfig.from_kwargs(feat.kwargs)
         self._lock = threading.RLock()  # parts build on other parts (text front end -> tokenizer)
         self._parts: dict[str, Any] = {}
+        self._warned_inexact = False
         self.resources = self._find_resources()
 
     def _find_resources(self) -> dict[str, Path]:
@@ -193,21 +203,50 @@ class CosyVoiceFrontend:
             tokens, lengths = tokenizer(mel.to(device), torch.tensor([mel.shape[2]], device=device))
         return tokens[:, :int(lengths[0])].to(torch.int32).cpu()
 
-    def speaker_embedding(self, audio: Audio, onnxruntime_order: bool = False) -> torch.Tensor:
+    def speaker_embedding(self, audio: Audio, onnxruntime_order: bool | None = None) -> torch.Tensor:
         """[1, 192] CAM++ embedding (upstream _extract_spk_embedding).
 
-        `onnxruntime_order` evaluates CAM++ in onnxruntime's CPU float32 order (upstream's numbers,
-        not just close ones; about a second per utterance instead of milliseconds): the training
-        features stage uses it, inference does not.
+        `onnxruntime_order` (default: the frontend's `exact_embedding`, the load option
+        compute.reference) evaluates CAM++ in onnxruntime's CPU float32 order: upstream's numbers,
+        not just close ones, in about half a second to a second a clip instead of tens of
+        milliseconds. Where onnxruntime's order is not reproduced (a CPU without AVX2 and FMA3)
+        torch's kernels run, with a warning. The last EMBEDDINGS_KEPT embeddings are kept by the
+        clip's 16 kHz samples (and CAM++ file), so a reference sent with every request costs this once.
         """
         speech = self._load(audio, SPEECH_TOKEN_RATE)
-        feats = mean_normalize(kaldi_fbank(speech, num_mel_bins=FBANK_BINS, sample_frequency=SPEECH_TOKEN_RATE))
-        if onnxruntime_order:
-            from mizuoto.nn.speaker.campplus_ort import forward_ort_order
+        exact = self.exact_embedding if onnxruntime_order is None else onnxruntime_order
+        if exact:
+            from mizuoto.nn.speaker import campplus_ort
 
-            return forward_ort_order(self.campplus, feats.unsqueeze(0)).reshape(1, -1)
-        with torch.inference_mode():
-            return self.campplus(feats.unsqueeze(0)).float().reshape(1, -1)
+            if not campplus_ort.reproducible_here():
+                exact = False
+                if not self._warned_inexact:
+                    self._warned_inexact = True
+                    log.warning("CAM++ runs with torch's kernels: onnxruntime's float order is not reproduced on a "
+                                "CPU without AVX2 and FMA3, so embeddings are close to upstream's, not equal")
+        key = (self._campplus_identity(), hashlib.sha256(speech.contiguous().numpy().tobytes()).hexdigest(),
+               speech.shape[1], exact)
+        with _EMBEDDINGS_LOCK:
+            found = _EMBEDDINGS.get(key)
+            if found is not None:
+                _EMBEDDINGS.move_to_end(key)
+                return found.clone()
+        feats = mean_normalize(kaldi_fbank(speech, num_mel_bins=FBANK_BINS, sample_frequency=SPEECH_TOKEN_RATE))
+        if exact:
+            embedding = campplus_ort.forward_ort_order(self.campplus, feats.unsqueeze(0)).reshape(1, -1)
+        else:
+            with torch.inference_mode():
+                embedding = self.campplus(feats.unsqueeze(0)).float().reshape(1, -1)
+        with _EMBEDDINGS_LOCK:
+            _EMBEDDINGS[key] = embedding
+            while len(_EMBEDDINGS) > EMBEDDINGS_KEPT:
+                _EMBEDDINGS.popitem(last=False)
+        return embedding.clone()
+
+    def _campplus_identity(self) -> tuple:
+        """Which CAM++ file this is (models sharing one campplus.onnx share their kept embeddings)."""
+        stat = (self.model_dir / CAMPPLUS).resolve().stat()
+        return str((self.model_dir / CAMPPLUS).resolve()), stat.st_size, stat.st_mtime_ns
 
     def prompt_mel(self, audio: Audio) -> torch.Tensor:
         """[1, F, 80] Matcha mel of the audio at 24 kHz (upstream _extract_speech_feat)."""

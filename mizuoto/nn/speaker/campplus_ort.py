@@ -10,9 +10,10 @@ graph optimisations off is ~2e-5 from its optimised self: neither order stays wi
 x86-64 (MLAS and Eigen kernels; each rule below was checked against onnxruntime 1.32's
 intermediate tensors):
 
-- 2-D head convolutions: the NCHWc transformer's convolutions (16-channel blocks, AVX-512): per
+- 2-D head convolutions: the NCHWc transformer's convolutions (MLAS's block: 16 channels on an
+  AVX-512 CPU, 8 on an AVX2/FMA3 one, as the CPU reports it; see `_nchwc_block`): per
   output, a fused multiply-add chain from 0 over (kernel row, kernel column, channel) within each
-  kernel call (one call per 16-channel input block; the pointwise shortcut takes up to 128
+  kernel call (one call per input block; the pointwise shortcut takes up to 128
   channels per call, the 1-channel first conv one call), calls added in order; the residual Add is
   fused (the output starts as the shortcut), then bias, then ReLU.
 - 1-D convolutions: MLAS SGEMM (weights x im2col, channel-major rows): a fused multiply-add chain
@@ -33,6 +34,11 @@ on a float32 half-way point (rare; never seen on the fixtures). On the training 
 fixtures every embedding equals onnxruntime's bit for bit, as on random inputs of 3 to 511 frames
 and on batches.
 
+These rules hold for onnxruntime's AVX-512 (AVX512F) and AVX2/FMA3 MLAS kernels, which differ here
+only in the NCHWc block (checked bit for bit on the AVX-512 host and under qemu-user -cpu
+Haswell-noTSX); a CPU without FMA3 gets MLAS's AVX or SSE kernels (no fused multiply-adds), which
+this evaluation does not reproduce, so it refuses to run there.
+
 It costs about a second per utterance of a few seconds (the chains advance one K step at a time;
 run it unthreaded), so only the training features stage uses it; inference keeps `CAMPPlus.forward`.
 """
@@ -40,6 +46,8 @@ run it unthreaded), so only the training features stage uses it; inference keeps
 from __future__ import annotations
 
 import functools
+import os
+import platform
 
 import torch
 import torch.nn.functional as F
@@ -47,7 +55,32 @@ from torch import Tensor
 
 from mizuoto.nn.speaker.campplus import BatchNorm, CAMPPlus
 
-NCHWC_BLOCK = 16  # onnxruntime's NCHWc block on AVX-512 CPUs (the fixtures were recorded on one)
+NCHWC_BLOCK_ENV = "MIZUOTO_ORT_NCHWC_BLOCK"
+
+
+def _nchwc_block() -> int:
+    """MLAS's NCHWc block on this CPU: 16 where it runs its AVX512F kernels, else 8 (its FMA3 ones).
+
+    From CPUID through torch's cpuinfo (which also checks that the OS saves the AVX-512 state), not
+    torch's dispatch capability (ATEN_CPU_CAPABILITY can lower that) nor /proc/cpuinfo. MLAS wants
+    only AVX512F; torch's test also wants VL/BW/DQ, which every AVX512F CPU but Xeon Phi has.
+    `$MIZUOTO_ORT_NCHWC_BLOCK` (16 or 8) takes another CPU's block instead: embeddings equal to
+    those onnxruntime gives there (the test suite takes the block of the CPUs that recorded it).
+    """
+    steered = os.environ.get(NCHWC_BLOCK_ENV)
+    if steered:
+        if steered not in ("8", "16"):
+            raise ValueError(f"${NCHWC_BLOCK_ENV} must be 8 or 16, got {steered!r}")
+        return int(steered)
+    return 16 if torch.cpu._is_avx512_supported() else 8
+
+
+def reproducible_here() -> bool:
+    """Whether this CPU runs onnxruntime's kernels these rules reproduce (MLAS's AVX2/FMA3 or AVX-512 ones)."""
+    return platform.machine().lower() in ("x86_64", "amd64") and torch.cpu._is_avx2_supported()
+
+
+NCHWC_BLOCK = _nchwc_block()  # 16 on the AVX-512 host the fixtures were recorded on
 _SGEMM_STRIDE = 128  # MLAS's default N and K slice of a GEMM
 
 # MLAS logistic: p(x) / q(x) + 0.5 on x clamped to [-18, 18] (Eigen's rational approximation).
@@ -98,6 +131,8 @@ def _fused_addcmul() -> bool:
         (torch.full((19, 37), c), a.expand(19, 1), a.expand(1, 37)),
         (torch.full((5, 9, 21), c), torch.full((9, 44), float(a))[:, 1:43:2], a.expand(5, 1, 1)),
         (torch.full((3,), c), a.expand(3), a.expand(3)),
+        (torch.full((2, 19, 37), c), a.expand(2, 19, 1), a.expand(2, 1, 37)),
+        (torch.full((2, 5, 9, 21), c), a.expand(2, 1, 9, 21), a.expand(2, 5, 1, 1)),
     ]
     return all(bool((torch.addcmul(acc, x, y) == 2.0 ** -24).all()) for acc, x, y in cases)
 
@@ -107,12 +142,14 @@ def _chain_operand(t: Tensor) -> Tensor:
     return t.float() if _fused_addcmul() else t.double()
 
 
-def _fma_chain(a: Tensor, b: Tensor, k0: int, k1: int) -> Tensor:
-    """sum_k a[:, k] * b[k, :] for k in [k0, k1), one fused multiply-add at a time, from 0."""
-    a, b = _chain_operand(a), _chain_operand(b)
-    acc = torch.zeros(a.shape[0], b.shape[1])
-    for k in range(k0, k1):
-        torch.addcmul(acc, a[:, k:k + 1], b[k:k + 1, :], out=acc)  # float32 result, rounded once
+def _fma_chains(a: Tensor, b: Tensor) -> Tensor:
+    """sum_k a[g, :, k] * b[g, k, :] for each g, one fused multiply-add at a time from 0: G
+    independent chains of equal length stepped together (a zero-padded step adds nothing)."""
+    a = _chain_operand(a).permute(2, 0, 1).contiguous()  # [K, G, M]: step k's column of every chain
+    b = _chain_operand(b).transpose(0, 1).contiguous()  # [K, G, N]
+    acc = torch.zeros(a.shape[1], a.shape[2], b.shape[2])
+    for k in range(a.shape[0]):
+        torch.addcmul(acc, a[k].unsqueeze(2), b[k].unsqueeze(1), out=acc)  # float32 result, rounded once
     return acc
 
 
@@ -148,11 +185,15 @@ def _gemm(a: Tensor, b: Tensor, n_columns: int | None = None) -> Tensor:
     k = a.shape[1]
     if n == 1:
         return _gemv(a, b[:, 0]).unsqueeze(1)
-    step = _k_slice(n, k)
-    out = None
-    for k0 in range(0, k, step):
-        part = _fma_chain(a, b, k0, min(k, k0 + step))
-        out = part if out is None else part + out
+    step = min(_k_slice(n, k), k)
+    slices = -(-k // step)
+    pad = slices * step - k
+    # the K slices are independent chains: stepped together, then added in order
+    parts = _fma_chains(F.pad(a, (0, pad)).reshape(a.shape[0], slices, step).transpose(0, 1),
+                        F.pad(b, (0, 0, 0, pad)).reshape(slices, step, b.shape[1]))
+    out = parts[0]
+    for part in parts[1:]:
+        out = part + out
     return out
 
 
@@ -192,21 +233,6 @@ def conv1d(x: Tensor, conv: torch.nn.Conv1d, activation: str | None = None,
     return y
 
 
-def _nchwc_chain(taps, weight: Tensor, channels: range, kh_n: int, kw_n: int) -> Tensor:
-    """One NCHWc kernel call: a fused multiply-add chain over (row, column, channel) from 0."""
-    weight = _chain_operand(weight)
-    acc = None
-    for kh in range(kh_n):
-        for kw in range(kw_n):
-            for c in channels:
-                w = weight[:, c, kh, kw, None, None]
-                if acc is None:
-                    acc = (taps(c, kh, kw) * w).float()
-                else:
-                    torch.addcmul(acc, taps(c, kh, kw), w, out=acc)
-    return acc
-
-
 def conv2d_nchwc(x: Tensor, conv: torch.nn.Conv2d, relu: bool, residual: Tensor | None = None) -> Tensor:
     """One item's Conv2d [C, H, W] (stride along H only, as in CAM++'s head) through onnxruntime's
     NCHWc convolution, with its fused residual Add and ReLU."""
@@ -216,22 +242,29 @@ def conv2d_nchwc(x: Tensor, conv: torch.nn.Conv2d, relu: bool, residual: Tensor 
     if out_channels % NCHWC_BLOCK or (channels >= NCHWC_BLOCK and channels % NCHWC_BLOCK) or stride_w != 1:
         raise ValueError(f"CAM++ head conv {tuple(weight.shape)} stride {conv.stride}: not an NCHWc "
                          "convolution this evaluation reproduces")
-    xp = _chain_operand(F.pad(x, (pad_w, pad_w, pad_h, pad_h)))
+    if channels < NCHWC_BLOCK:  # NCHW-input kernel: one call per input channel
+        per_call = 1
+    elif kh_n == kw_n == 1 and pad_h == pad_w == 0:  # pointwise kernel: up to 128 channels per call
+        per_call = min(channels, 128)
+    else:
+        per_call = NCHWC_BLOCK
+    calls = -(-channels // per_call)
+    extra = calls * per_call - channels  # zero channels: a short last call's chain adds nothing more
+    xp = _chain_operand(F.pad(x, (pad_w, pad_w, pad_h, pad_h, 0, extra)))
+    xp = xp.reshape(calls, per_call, *xp.shape[1:])
+    weight = _chain_operand(F.pad(weight, (0, 0, 0, 0, 0, extra))).reshape(out_channels, calls, per_call, kh_n, kw_n)
     h_out = (x.shape[1] + 2 * pad_h - kh_n) // stride_h + 1
     w_out = x.shape[2] + 2 * pad_w - kw_n + 1
-
-    def taps(c: int, kh: int, kw: int) -> Tensor:
-        return xp[c, kh: kh + stride_h * (h_out - 1) + 1: stride_h, kw: kw + w_out]
-
-    if channels < NCHWC_BLOCK:  # NCHW-input kernel: one call per input channel
-        calls = [range(c, c + 1) for c in range(channels)]
-    elif kh_n == kw_n == 1 and pad_h == pad_w == 0:  # pointwise kernel: up to 128 channels per call
-        calls = [range(c, min(channels, c + 128)) for c in range(0, channels, 128)]
-    else:
-        calls = [range(c, c + NCHWC_BLOCK) for c in range(0, channels, NCHWC_BLOCK)]
+    # each kernel call is a fused multiply-add chain over (row, column, channel) from 0; the calls'
+    # chains are independent, so they step together
+    acc = torch.zeros(calls, out_channels, h_out, w_out)
+    for kh in range(kh_n):
+        for kw in range(kw_n):
+            for c in range(per_call):
+                taps = xp[:, c, kh: kh + stride_h * (h_out - 1) + 1: stride_h, kw: kw + w_out]
+                torch.addcmul(acc, taps.unsqueeze(1), weight[:, :, c, kh, kw].t()[:, :, None, None], out=acc)
     out = residual
-    for chans in calls:
-        part = _nchwc_chain(taps, weight, chans, kh_n, kw_n)
+    for part in acc:
         out = part if out is None else part + out
     if conv.bias is not None:
         out = out + conv.bias.float()[:, None, None]
@@ -241,35 +274,40 @@ def conv2d_nchwc(x: Tensor, conv: torch.nn.Conv2d, relu: bool, residual: Tensor 
 def row_means(x: Tensor, first_row: int = 0) -> Tensor:
     """Mean of each row of x [R, N] (a contiguous tensor's rows `first_row`...): Eigen's sum
     (SSE packets of 4 from the row's first 16-byte aligned element, two accumulators, pairwise
-    lane reduction, leftovers added one by one), then a division by N."""
+    lane reduction, leftovers added one by one), then a division by N.
+
+    Rows start at different alignments, so each row's packets are gathered into one layout and
+    stepped together; a packet a row does not have is zeros, and adding zeros leaves a float
+    sum as it is.
+    """
     rows, n = x.shape
-    sums = torch.empty(rows)
-    for start in range(4):
-        idx = [r for r in range(rows) if min((-(first_row + r) * n) % 4, n) == start]
-        if not idx:
-            continue
-        xs = x[idx]
-        vec = ((n - start) // 4) * 4
-        if vec == 0:
-            res = xs[:, 0]
-            for i in range(1, n):
-                res = res + xs[:, i]
-        else:
-            p0 = xs[:, start:start + 4]
-            if vec > 4:
-                pairs = ((n - start) // 8) * 8
-                p1 = xs[:, start + 4:start + 8]
-                for i in range(start + 8, start + pairs, 8):
-                    p0 = p0 + xs[:, i:i + 4]
-                    p1 = p1 + xs[:, i + 4:i + 8]
-                p0 = p0 + p1
-                if vec > pairs:
-                    p0 = p0 + xs[:, start + pairs:start + pairs + 4]
-            res = (p0[:, 0] + p0[:, 2]) + (p0[:, 1] + p0[:, 3])
-            for i in list(range(start)) + list(range(start + vec, n)):
-                res = res + xs[:, i]
-        sums[idx] = res
-    return sums / torch.tensor(float(n))
+    r = torch.arange(rows)
+    start = torch.clamp((-(first_row + r) * n) % 4, max=n)  # first aligned element of each row
+    vec = (n - start) // 4 * 4  # elements in whole packets
+    pairs = torch.where(vec > 4, (n - start) // 8 * 8, 0)  # elements in the two accumulators' steps
+    extra = (vec > 4) & (vec > pairs)  # one packet more, added after the accumulators meet
+    lane = torch.arange(4)
+
+    def take(index: Tensor, keep: Tensor) -> Tensor:
+        """x[row, index] where `keep`, else 0."""
+        return torch.where(keep, x.gather(1, index.clamp(0, n - 1)), torch.zeros(()))
+
+    col = torch.arange(max(n, 8))
+    packets = take(start[:, None] + col, col < pairs[:, None])
+    # a row too short for a packet sums from its first element: it is that element's lane 0
+    p0 = take(torch.where(vec[:, None] > 0, start[:, None] + lane, lane), (vec[:, None] > 0) | (lane == 0))
+    p1 = packets[:, 4:8]
+    for i in range(8, int(pairs.max()), 8):
+        p0 = p0 + packets[:, i:i + 4]
+        p1 = p1 + packets[:, i + 4:i + 8]
+    p0 = (p0 + p1) + take(start[:, None] + pairs[:, None] + lane, extra[:, None])
+    res = (p0[:, 0] + p0[:, 2]) + (p0[:, 1] + p0[:, 3])
+    # leftovers in order: before the first aligned element, then after the packets
+    left = torch.where(vec > 0, n - vec, n - 1)
+    for j in range(int(left.max())):
+        index = torch.where(vec > 0, torch.where(j < start, j, vec + j), 1 + j)
+        res = res + take(index[:, None], (j < left)[:, None])[:, 0]
+    return res / torch.tensor(float(n))
 
 
 def batch_norm(x: Tensor, bn: BatchNorm) -> Tensor:
@@ -350,5 +388,8 @@ def forward_ort_order(model: CAMPPlus, feats: Tensor) -> Tensor:
         feats = feats.unsqueeze(0)
     if feats.dim() != 3 or feats.shape[-1] != model.feat_dim:
         raise ValueError(f"CAM++ wants fbank [B, T, {model.feat_dim}], got {tuple(feats.shape)}")
+    if not reproducible_here():
+        raise RuntimeError("onnxruntime runs its AVX/SSE kernels (no fused multiply-add) on a CPU "
+                           "without AVX2/FMA3: forward_ort_order does not reproduce them")
     feats = feats.detach().to("cpu", torch.float32)
     return torch.stack([_item(model, feats[i], i) for i in range(feats.shape[0])])

@@ -83,3 +83,72 @@ def test_prompt_mel_and_alignment_equal_upstream(runtime, ref, monkeypatch, thre
         else:
             assert torch.equal(prompt["flow_prompt_speech_token"], tokens)
             assert torch.equal(prompt["prompt_speech_feat"], want_feat)
+
+
+def test_reference_embedding_is_onnxruntimes_unless_fast(runtime, clip, monkeypatch, caplog):
+    """New voices get CAM++ in onnxruntime's order (compute.reference=exact, the default); `fast` (or a
+    CPU whose onnxruntime kernels are not reproduced, with a warning) takes torch's kernels."""
+    import logging
+
+    from mizuoto.engines.cosyvoice.frontend import FBANK_BINS, SPEECH_TOKEN_RATE
+    from mizuoto.nn.dsp.kaldi import kaldi_fbank, mean_normalize
+    from mizuoto.nn.dsp.wav import load_wav
+    from mizuoto.nn.speaker import campplus_ort
+
+    rt, names = runtime
+    frontend = rt.model(next(iter(names.values()))).frontend
+    assert frontend.exact_embedding
+    feats = mean_normalize(kaldi_fbank(load_wav(str(clip), SPEECH_TOKEN_RATE), num_mel_bins=FBANK_BINS,
+                                       sample_frequency=SPEECH_TOKEN_RATE)).unsqueeze(0)
+    exact = campplus_ort.forward_ort_order(frontend.campplus, feats).reshape(1, -1)
+    with torch.inference_mode():
+        fast = frontend.campplus(feats).reshape(1, -1)
+    assert not torch.equal(exact, fast)
+    assert torch.equal(frontend.speaker_embedding(str(clip)), exact)
+    assert torch.equal(frontend.speaker_embedding(str(clip), onnxruntime_order=False), fast)
+    monkeypatch.setattr(frontend, "exact_embedding", False)
+    assert torch.equal(frontend.speaker_embedding(str(clip)), fast)
+    monkeypatch.setattr(frontend, "exact_embedding", True)
+    monkeypatch.setattr(campplus_ort, "reproducible_here", lambda: False)
+    monkeypatch.setattr(frontend, "_warned_inexact", False)
+    with caplog.at_level(logging.WARNING, logger="mizuoto.cosyvoice"):
+        assert torch.equal(frontend.speaker_embedding(str(clip)), fast)
+    assert "AVX2" in caplog.text
+
+
+def test_the_fast_reference_option_reaches_the_frontend(runtime, tmp_path):
+    rt, names = runtime
+    model = rt.model(next(iter(names.values())))
+    fast = rt.model(rt.load(model.model_dir, name="prompt-fast", compute={"reference": "fast"}))
+    try:
+        assert fast.frontend.exact_embedding is False and model.frontend.exact_embedding is True
+    finally:
+        rt.unload("prompt-fast")
+
+
+def test_a_clip_sent_again_reuses_its_embedding(runtime, clip, monkeypatch):
+    """A reference sent with every request pays for CAM++ once: the embedding is kept by the clip's samples."""
+    from mizuoto.engines.cosyvoice import frontend as frontend_module
+    from mizuoto.engines.cosyvoice.frontend import EMBEDDINGS_KEPT
+    from mizuoto.nn.dsp.wav import load_wav
+    from mizuoto.nn.speaker import campplus_ort
+
+    rt, names = runtime
+    frontend = rt.model(next(iter(names.values()))).frontend
+    monkeypatch.setattr(frontend_module, "_EMBEDDINGS", type(frontend_module._EMBEDDINGS)())
+    calls = []
+    real = campplus_ort.forward_ort_order
+    monkeypatch.setattr(campplus_ort, "forward_ort_order", lambda *a: calls.append(1) or real(*a))
+    first = frontend.speaker_embedding(str(clip))
+    samples = load_wav(str(clip), 16000)[0]
+    again = frontend.speaker_embedding((samples.clone(), 16000))  # the same samples, given as an array
+    assert torch.equal(first, again) and len(calls) == 1
+    again.zero_()  # a caller's copy: the kept one is not changed
+    assert torch.equal(frontend.speaker_embedding(str(clip)), first) and len(calls) == 1
+    frontend.speaker_embedding((samples * 0.5, 16000))  # other samples: computed
+    assert len(calls) == 2
+    for i in range(EMBEDDINGS_KEPT):  # the oldest go first
+        frontend.speaker_embedding((samples[: 1600 + 16 * i], 16000), onnxruntime_order=False)
+    assert len(frontend_module._EMBEDDINGS) == EMBEDDINGS_KEPT
+    frontend.speaker_embedding(str(clip))
+    assert len(calls) == 3

@@ -142,3 +142,81 @@ def test_onnxruntime_order_float64_steps_give_the_same_numbers(model, monkeypatc
     first = ort_order.forward_ort_order(model, feats)
     monkeypatch.setattr(ort_order, "_fused_addcmul", lambda: False)
     assert torch.equal(ort_order.forward_ort_order(model, feats), first)
+
+
+def test_nchwc_block_follows_the_cpu_unless_steered(monkeypatch):
+    """MLAS's block: 16 channels on an AVX-512 CPU, else 8; $MIZUOTO_ORT_NCHWC_BLOCK takes another CPU's."""
+    monkeypatch.delenv(ort_order.NCHWC_BLOCK_ENV, raising=False)
+    for avx512, block in ((True, 16), (False, 8)):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_supported", lambda: avx512)
+        assert ort_order._nchwc_block() == block
+    monkeypatch.setenv(ort_order.NCHWC_BLOCK_ENV, "16")
+    assert ort_order._nchwc_block() == 16
+    monkeypatch.setenv(ort_order.NCHWC_BLOCK_ENV, "32")
+    with pytest.raises(ValueError, match="8 or 16"):
+        ort_order._nchwc_block()
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_the_nchwc_block_changes_the_numbers(model, monkeypatch):
+    """The head's convolutions sum 8-channel blocks differently from 16-channel ones: the block matters,
+    so an AVX2 CPU (where onnxruntime uses 8) must not take the AVX-512 order, nor the reverse."""
+    clips = json.loads((_FRONTEND / "manifest.json").read_text())["clips"]
+    shortest = min(clips, key=lambda c: clips[c]["num_samples"] / clips[c]["sample_rate"])
+    feats = load_file(str(_FRONTEND / "refs" / f"{shortest}.safetensors"))["kaldi_fbank_cmn"]
+    monkeypatch.setattr(ort_order, "NCHWC_BLOCK", 16)
+    sixteen = ort_order.forward_ort_order(model, feats)
+    monkeypatch.setattr(ort_order, "NCHWC_BLOCK", 8)
+    eight = ort_order.forward_ort_order(model, feats)
+    assert not torch.equal(sixteen, eight)
+    assert ((sixteen - eight).abs().max() / sixteen.abs().max()).item() <= REL
+
+
+def test_without_avx2_the_exact_order_is_refused(model, monkeypatch):
+    """A CPU without AVX2/FMA3 runs onnxruntime's non-fused kernels, which are not reproduced: an error."""
+    monkeypatch.setattr(torch.cpu, "_is_avx2_supported", lambda: False)
+    assert not ort_order.reproducible_here()
+    with pytest.raises(RuntimeError, match="AVX2"):
+        ort_order.forward_ort_order(model, torch.zeros(50, 80))
+
+
+def _eigen_row_sums(x: torch.Tensor, first_row: int) -> torch.Tensor:
+    """Eigen's vectorised row sum, one alignment group of rows at a time (the rule as written)."""
+    rows, n = x.shape
+    sums = torch.empty(rows)
+    for start in range(4):
+        idx = [r for r in range(rows) if min((-(first_row + r) * n) % 4, n) == start]
+        if not idx:
+            continue
+        xs = x[idx]
+        vec = ((n - start) // 4) * 4
+        if vec == 0:
+            res = xs[:, 0]
+            for i in range(1, n):
+                res = res + xs[:, i]
+        else:
+            p0 = xs[:, start:start + 4]
+            if vec > 4:
+                pairs = ((n - start) // 8) * 8
+                p1 = xs[:, start + 4:start + 8]
+                for i in range(start + 8, start + pairs, 8):
+                    p0 = p0 + xs[:, i:i + 4]
+                    p1 = p1 + xs[:, i + 4:i + 8]
+                p0 = p0 + p1
+                if vec > pairs:
+                    p0 = p0 + xs[:, start + pairs:start + pairs + 4]
+            res = (p0[:, 0] + p0[:, 2]) + (p0[:, 1] + p0[:, 3])
+            for i in list(range(start)) + list(range(start + vec, n)):
+                res = res + xs[:, i]
+        sums[idx] = res
+    return sums
+
+
+@pytest.mark.parametrize("n", [*range(1, 20), 31, 97, 128, 511, 1198])
+def test_row_means_step_every_alignment_together_as_eigen_orders_each(n):
+    """All rows' packets stepped at once give each row's own Eigen order, whatever its alignment."""
+    g = torch.Generator().manual_seed(n)
+    for rows, first_row in ((1, 0), (5, 3), (13, 6), (128, 1)):
+        x = torch.randn(rows, n, generator=g) * torch.logspace(-3, 3, n)[torch.randperm(n, generator=g)]
+        got = ort_order.row_means(x, first_row)
+        assert torch.equal(got, _eigen_row_sums(x, first_row) / torch.tensor(float(n))), (rows, first_row)
