@@ -91,6 +91,8 @@ def configure(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]
     p.add_argument("--warmup", type=int, help=f"runs before measuring "
                    f"(default {BenchSettings.warmup}; {CPU_DEFAULTS['warmup']} off CUDA)")
     p.add_argument("--stream", action="store_true", help="also time a streamed request (first-chunk latency)")
+    p.add_argument("--reference", metavar="CLIP", help="also time the voice prompt of a reference clip: for a new"
+                   " voice, and for the same clip again (as a request that sends it each time)")
     p.add_argument("--threaded", nargs="?", const="compute", choices=("compute", "beside"),
                    help="compute: load and measure in one worker thread (the main thread computes nothing);"
                         " beside: measure in the main thread, then again in a new worker thread, both reported")
@@ -135,7 +137,8 @@ def run_bench(args: argparse.Namespace) -> int:
     options = _options(args)
     defaults = asdict(BenchSettings()) if options.device.startswith("cuda") else CPU_DEFAULTS
     counts = {k: getattr(args, k) if getattr(args, k) is not None else defaults[k] for k in CPU_DEFAULTS}
-    settings = BenchSettings(text=args.text, prompt_text=args.prompt_text, stream=args.stream, **counts)
+    settings = BenchSettings(text=args.text, prompt_text=args.prompt_text, stream=args.stream,
+                             reference=getattr(args, "reference", None), **counts)
     model_dir = resolve_model(args.model_dir) if args.model_dir else None
     if model_dir is not None and not model_dir.is_dir():
         raise InvalidRequest(f"bench: not a directory: {model_dir}")

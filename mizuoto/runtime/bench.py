@@ -55,10 +55,23 @@ class BenchSettings:
     runs: int = 5
     warmup: int = 2
     stream: bool = False
+    reference: str | None = None  # a clip whose voice prompt is timed, new and again (driver.reference)
 
     def __post_init__(self) -> None:
         if self.tokens < 1 or self.runs < 1 or self.warmup < 0:
             raise InvalidRequest("bench: --tokens and --runs must be >= 1 and --warmup >= 0")
+        if self.reference is not None:
+            reference_seconds(self.reference)  # a bad clip fails before the model loads
+
+
+def reference_seconds(path: str) -> float:
+    """The length of a reference clip in seconds; an InvalidRequest naming it if it is no audio file."""
+    import soundfile
+
+    try:
+        return soundfile.info(path).duration
+    except RuntimeError as e:
+        raise InvalidRequest(f"bench: --reference {path}: not an audio file ({e})") from None
 
 
 # A full-size model is slow off CUDA (a CosyVoice 2 flow takes about 3 s per second of audio on
@@ -91,6 +104,9 @@ class BenchDriver(Protocol):
     def stream(self, tokens: int) -> Iterator[torch.Tensor]:
         """The whole request streamed (LM, flow, vocoder), yielding audio chunks as they come."""
 
+    # Optional, for a model that clones voices: `reference(clip, new)`, which computes the clip's
+    # voice prompt as for a voice never seen before (`new`) or as for one seen before, and
+    # `reference_order`, how it analyses the clip (e.g. its compute.reference).
     # Optional, for a model whose LM batches concurrent requests: `batch_width` (int, its
     # compute.batch) and `use_batch(on)`, which routes `lm` and `stream` through the batch
     # (off for the single-request table, on for the --concurrency sweep).
@@ -237,7 +253,24 @@ def benchmark(driver: BenchDriver, settings: BenchSettings, bandwidth: float | N
     for _ in range(settings.warmup):
         run_once(driver, settings)
     runs = [run_once(driver, settings) for _ in range(settings.runs)]
-    return summarize(runs, driver, settings, bandwidth, read_before)
+    out = summarize(runs, driver, settings, bandwidth, read_before)
+    if settings.reference:
+        out.update(time_reference(driver, settings))
+    return out
+
+
+def time_reference(driver: BenchDriver, settings: BenchSettings) -> dict[str, Any]:
+    """Milliseconds to make a voice prompt of `settings.reference`: for a new voice, and for the same clip again."""
+    if not hasattr(driver, "reference"):
+        raise InvalidRequest(f"bench: {driver.name} does not clone voices (--reference)")
+    seconds = reference_seconds(settings.reference)
+    for _ in range(settings.warmup):
+        driver.reference(settings.reference, True)
+    new = [_timed(driver.device, lambda: driver.reference(settings.reference, True))[1] for _ in range(settings.runs)]
+    again = [_timed(driver.device, lambda: driver.reference(settings.reference, False))[1]
+             for _ in range(settings.runs)]
+    return {"reference_seconds": seconds, "reference_order": getattr(driver, "reference_order", ""),
+            "reference_new_ms": 1e3 * statistics.median(new), "reference_again_ms": 1e3 * statistics.median(again)}
 
 
 def format_table(r: dict[str, Any]) -> str:
@@ -255,6 +288,10 @@ def format_table(r: dict[str, Any]) -> str:
     if "first_chunk_ms" in r:
         rows.append(("first chunk", f"{r['first_chunk_ms']:.0f} ms (streaming)"))
     rows.append(("RTF", f"{r['rtf']:.3f} (LM + flow + vocoder time / audio time)"))
+    if "reference_new_ms" in r:
+        order = f", {r['reference_order']}" if r["reference_order"] else ""
+        rows.append(("reference", f"{r['reference_new_ms']:.0f} ms for a new voice from a {r['reference_seconds']:.1f} s"
+                                  f" clip{order}; {r['reference_again_ms']:.0f} ms for the same clip again"))
     rows.append(("peak memory", f"{r['peak_memory_bytes'] / gib:.2f} GiB ({r['peak_memory_kind']})"))
     bw = f"{r['lm_achieved_gb_per_s']:.1f} GB/s achieved by a decode step ({r['lm_bytes_per_step'] / 1e6:.0f} MB per step)"
     if r.get("device_bandwidth_gb_per_s"):

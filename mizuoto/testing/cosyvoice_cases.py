@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -128,3 +128,44 @@ def assemble_model_dir(model_dir: Path, dest: Path) -> Path:
 def _link(src: Path, dst: Path) -> None:
     if not dst.exists():
         dst.symlink_to(src.resolve())
+
+
+# -- streamed text in (upstream's bistream) ------------------------------------------------------
+BISTREAM_MIX = (5, 15)  # upstream's mix_ratio: text tokens in per prompt speech tokens in
+
+
+def bistream_text(text: torch.Tensor, prompt_text: torch.Tensor, prompt_tokens: int, piece: int) -> torch.Tensor:
+    """`text` repeated until it outlasts the reference in upstream's bistream.
+
+    The LM speaks only once every prompt speech token went in (BISTREAM_MIX, the reference text
+    counting as text); text that ends before that all goes to the final loop, where eos may come
+    first. So a longer reference needs more text: three pieces more than that, and at least 3 times.
+    """
+    text_in, speech_in = BISTREAM_MIX
+    needed = text_in * (-(-prompt_tokens // speech_in)) + text_in - prompt_text.shape[1] + 3 * piece
+    return text.repeat(1, max(3, -(-needed // text.shape[1]) + 1))
+
+
+def first_speaking_seed(attempt: Callable[[int], Any], start: int, tries: int = 16) -> tuple[int, Any]:
+    """(seed, result) of the first seed from `start` whose `attempt(seed)` gives a truthy result.
+
+    A random-weight LM may stop at once (eos first) or draw a special token upstream rejects too
+    (a MizuotoError naming it): neither says anything about the property a test wants to see. If
+    no seed of `tries` speaks, (start, what `start` gave: the error or the empty result), so the
+    caller checks that upstream's outcome is what Mizuoto gives instead.
+    """
+    from mizuoto.errors import MizuotoError
+
+    first: Any = None
+    for seed in range(start, start + tries):
+        try:
+            result = attempt(seed)
+        except MizuotoError as exc:
+            if "special token" not in str(exc):
+                raise
+            result = exc
+        if seed == start:
+            first = result
+        if result and not isinstance(result, MizuotoError):
+            return seed, result
+    return start, first

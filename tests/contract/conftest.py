@@ -41,6 +41,8 @@ def _stream_inputs() -> dict[str, dict]:
     """Assembled model dir -> the streamed-text input of a full case recorded on its fixture model."""
     inputs: dict[str, dict] = {}
     for meta in streamed_text_cases():
+        if not any(seg.get("lm_tokens_raw_len") for seg in meta["segments"]):
+            continue  # upstream's LM said nothing for it: no audio to check the contract on
         source = tiny_model_dir(meta)
         for bare, assembled in zip(_BARE, ASSEMBLED):
             if source is None or bare.resolve() != source.resolve() or str(assembled) in inputs:

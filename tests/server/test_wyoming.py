@@ -8,6 +8,9 @@ with what the engine gives in this process).
 from __future__ import annotations
 
 import asyncio
+import base64
+import io
+import math
 import os
 import signal
 import subprocess
@@ -17,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import soundfile
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.client import AsyncTcpClient
 from wyoming.error import Error
@@ -207,9 +211,12 @@ def test_streaming_piper_speaks_sentence_by_sentence(wyoming_server):
     asyncio.run(run())
 
 
-def test_streaming_cosyvoice2_feeds_the_lm_as_text_arrives(wyoming_server, cosy_expected):
+def test_streaming_cosyvoice2_feeds_the_lm_as_text_arrives(wyoming_server, cosy_expected, h):
     """CosyVoice 2: the first audio arrives before the last text chunk is sent; the audio is the engine's own."""
-    pieces = [w + " " for w in ("one two three four five six seven eight nine ten " * 4).split()]
+    # The LM speaks only once the reference's speech tokens (25 a second) went in, 15 per 5 text
+    # tokens: a longer clip needs more text before a first hop can come out early.
+    seconds = soundfile.info(io.BytesIO(base64.b64decode(h.clip_base64()))).duration
+    pieces = [w + " " for w in ("one two three four five six seven eight nine ten " * (2 + math.ceil(seconds))).split()]
 
     async def run():
         async with wyoming_server.client() as c:

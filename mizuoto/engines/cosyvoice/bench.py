@@ -23,6 +23,7 @@ from typing import Any, Iterator
 
 import torch
 
+from mizuoto.engines.cosyvoice.frontend import forget_embeddings
 from mizuoto.engines.cosyvoice.flow import build_flow
 from mizuoto.engines.cosyvoice.hift import build_hift
 from mizuoto.engines.cosyvoice.llm import ENDOFPROMPT_ID, QwenSpeechLM, build_lm
@@ -182,6 +183,17 @@ class CosyVoiceBench:
         speech, _ = self.synthesizer(1).speech(mel, cache_source=torch.zeros(1, 1, 0), finalize=True,
                                                generator=self._generator(1))
         return speech
+
+    @property
+    def reference_order(self) -> str:
+        """How a reference clip's CAM++ runs (the load option compute.reference)."""
+        return f"compute.reference={self.model.options.compute.reference}"
+
+    def reference(self, clip: str, new: bool) -> None:
+        """The clip's voice prompt (speech tokens, prompt mel, CAM++), its embedding not kept before if `new`."""
+        if new:
+            forget_embeddings()
+        self.model.frontend.voice_prompt(clip, None)
 
     def stream(self, tokens: int) -> Iterator[torch.Tensor]:
         """The request streamed by the model's synthesizer (its chunk schedule), audio chunks as they come."""

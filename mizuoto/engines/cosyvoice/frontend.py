@@ -51,6 +51,12 @@ def _lazy(make: Callable[[Any], Any]) -> property:
     return property(get, doc=make.__doc__)
 
 
+def forget_embeddings() -> None:
+    """Drop every kept CAM++ embedding (the next clip of each is embedded anew)."""
+    with _EMBEDDINGS_LOCK:
+        _EMBEDDINGS.clear()
+
+
 class CosyVoiceFrontend:
     """Text and voice-prompt processing for one CosyVoice model directory."""
 

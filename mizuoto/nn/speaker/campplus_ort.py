@@ -39,8 +39,11 @@ only in the NCHWc block (checked bit for bit on the AVX-512 host and under qemu-
 Haswell-noTSX); a CPU without FMA3 gets MLAS's AVX or SSE kernels (no fused multiply-adds), which
 this evaluation does not reproduce, so it refuses to run there.
 
-It costs about a second per utterance of a few seconds (the chains advance one K step at a time;
-run it unthreaded), so only the training features stage uses it; inference keeps `CAMPPlus.forward`.
+The chains advance one K step at a time, so the cost is thousands of small tensor operations:
+independent chains (a GEMM's K slices, a convolution's kernel calls, the rows of a mean) step
+together, one operation for all of them. About half a second for a clip of a few seconds, 1.2 s for
+12 s (docs/performance.md, "Reference voices"); new voices' embeddings (compute.reference=exact)
+and the training features stage use it, `CAMPPlus.forward` is the fast path.
 """
 
 from __future__ import annotations

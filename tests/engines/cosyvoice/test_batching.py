@@ -19,6 +19,7 @@ import torch
 from mizuoto.engines.cosyvoice.engine import CosyVoiceEngine
 from mizuoto.engines.cosyvoice.llm import VARIANTS
 from mizuoto.engines.cosyvoice.synthesis import request_generators
+from mizuoto.errors import MizuotoError
 from mizuoto.runtime.hyperyaml import load_hyperyaml
 from mizuoto.runtime.options import parse_options
 from mizuoto.testing.cosyvoice_cases import assemble_model_dir, list_cases, load_case
@@ -56,8 +57,12 @@ def _request(model, inputs: dict, seed: int, stream: bool, batched: bool = True)
     return tokens, audio
 
 
-def _together(model, jobs: list[tuple[dict, int, bool]]) -> list[tuple[list[int], torch.Tensor]]:
-    """Every job started at once in its own thread (as the server's jobs run); results in job order."""
+def _together(model, jobs: list[tuple[dict, int, bool]], raises: bool = True) -> list:
+    """Every job started at once in its own thread (as the server's jobs run); results in job order.
+
+    With `raises=False` a job's MizuotoError is its result (an LM upstream also stops with an
+    error is an outcome to compare, not a failure of the test).
+    """
     out: list = [None] * len(jobs)
     errors: list[BaseException] = []
     barrier = threading.Barrier(len(jobs))
@@ -66,6 +71,10 @@ def _together(model, jobs: list[tuple[dict, int, bool]]) -> list[tuple[list[int]
         try:
             barrier.wait()
             out[i] = _request(model, *jobs[i])
+        except MizuotoError as e:
+            if raises:
+                errors.append(e)
+            out[i] = e
         except BaseException as e:  # re-raised below
             errors.append(e)
 
@@ -100,7 +109,8 @@ def test_a_request_gives_the_same_tokens_and_audio_in_any_company(ref, stream, m
     others = [load_case(r) for r in LM_REFS if r.model_dir == ref.model_dir and r != ref] or [case]
     company = [(_inputs(others[i % len(others)]), case.seed + 101 * (i + 1), i % 2 == 0) for i in range(WIDTH - 1)]
     alone_tokens, alone_audio = _together(model, [mine])[0]
-    assert alone_tokens, "the case spoke no token"
+    if case["lm.tokens_raw"].numel():  # upstream's LM spoke for these inputs (a random one may not)
+        assert alone_tokens, "the case spoke no token"
     for n in (1, 3, WIDTH - 1):
         tokens, audio = _together(model, [*company[:n], mine])[-1]
         assert tokens == alone_tokens, f"tokens changed beside {n} other requests"
@@ -123,7 +133,11 @@ def test_the_rows_of_a_step_are_shared(model_of):
     results = _together(model, [(_inputs(case), case.seed + i, False) for i in range(WIDTH)])
     tokens = sum(len(t) for t, _ in results)
     steps = model.batcher.stats()["steps"] - before["steps"]
-    assert steps < tokens, (steps, tokens)
+    spoken = sorted(len(t) for t, _ in results)
+    if spoken[-2] > 1:  # at least two spoke on together (a random LM may stop at once for a seed)
+        assert steps < tokens, (steps, tokens)
+    else:  # at most one row left to step: one step per token, no more
+        assert steps <= tokens, (steps, tokens)
 
 
 @pytest.mark.parametrize("model_dir", UNBATCHED_DIRS, ids=lambda d: d.parent.name)
@@ -150,14 +164,19 @@ BISTREAM_REFS = [r for r in BATCHED_REFS if load_hyperyaml(r.yaml_path)["llm"].c
 def test_streamed_text_batches_and_keeps_its_tokens(ref, model_of):
     case = load_case(ref)
     model = model_of(case.model_dir)
-    # a tiny random LM may end a streamed text at once (eos at its first final step): take the first
-    # seed after the case's whose request speaks, so the comparison below compares tokens
+    # A tiny random LM may end a streamed text at once (eos at its first final step), or draw a
+    # special token upstream's bistream rejects too (an error): take the first seed after the
+    # case's whose request speaks; if none does, what the last one gave must not change either.
     for seed in range(case.seed, case.seed + 8):
-        alone = _together(model, [(_streamed(_inputs(case)), seed, True)])[0]
-        if alone[0]:
+        alone = _together(model, [(_streamed(_inputs(case)), seed, True)], raises=False)[0]
+        if not isinstance(alone, MizuotoError) and alone[0]:
             break
-    assert alone[0], "no seed made the streamed-text request speak"
     company = [(_streamed(_inputs(case), 3 + i), seed + 7 * (i + 1), i % 2 == 0) for i in range(3)]
-    beside = _together(model, [*company, (_streamed(_inputs(case)), seed, True)])[-1]
+    beside = _together(model, [*company, (_streamed(_inputs(case)), seed, True)], raises=False)[-1]
+    if isinstance(alone, MizuotoError):
+        assert "special token" in str(alone), alone
+        assert type(beside) is type(alone) and str(beside) == str(alone), f"alone: {alone!r}, beside: {beside!r}"
+        return
+    assert not isinstance(beside, MizuotoError), beside
     assert beside[0] == alone[0]
     assert torch.equal(beside[1], alone[1])

@@ -171,3 +171,20 @@ def test_bench_is_a_registered_command():
     assert "bench" in cli.COMMANDS
     args = cli.build_parser().parse_args(["bench", "--random", "cosyvoice2", "--json"])
     assert args.random == "cosyvoice2" and args.json
+
+
+@pytest.mark.parametrize("order", ["exact", "fast"])
+def test_bench_times_a_new_voice_and_the_same_clip_again(capsys, tmp_path, order):
+    """`--reference CLIP`: the voice prompt of a clip never seen (CAM++ runs) and of the same clip again
+    (its embedding kept), under the compute.reference the model was loaded with."""
+    manifest = json.loads((fixtures_root() / "frontend" / "manifest.json").read_text())
+    clip = fixtures_root() / "frontend" / next(iter(manifest["clips"].values()))["wav"]
+    dest = assemble_model_dir(QWEN_DIRS[0], tmp_path / "model")
+    out = _bench_json(capsys, ["-m", str(dest), "--tokens", "2", "--reference", str(clip),
+                               "--option", f"compute.reference={order}"])
+    assert out["reference_order"] == f"compute.reference={order}" and out["reference_seconds"] > 0
+    assert out["reference_new_ms"] > 0 and 0 < out["reference_again_ms"]
+    if order == "exact":  # the exact CAM++ is the bulk of a new voice; again it is skipped
+        assert out["reference_again_ms"] < out["reference_new_ms"]
+    assert cli.main(["bench", "-m", str(dest), "--device", "cpu", "--tokens", "2", "--reference", str(dest / "llm.pt")]) != 0
+    assert "not an audio file" in capsys.readouterr().err

@@ -16,8 +16,9 @@ import torch
 from mizuoto.errors import InvalidRequest
 from mizuoto.runtime.engine import Reference, SynthesisRequest
 from mizuoto.runtime.hyperyaml import load_hyperyaml
+from mizuoto.testing import variation
 
-TEXT = "Hello world, this is a short test."
+TEXT = variation.text("Hello world, this is a short test.")
 REF_TEXT = "A short reference sentence."
 INSTRUCT = "Speak slowly and calmly."
 
@@ -67,24 +68,24 @@ def test_clone_runs_every_stage_and_is_deterministic(runtime, variant_dir, clip)
     model = rt.model(name)
     yaml = next(variant_dir.glob("cosyvoice*.yaml"))
     assert model.capabilities.sample_rate == int(load_hyperyaml(yaml)["sample_rate"])
-    request = SynthesisRequest(TEXT, voice=Reference(str(clip), REF_TEXT), seed=7)
+    request = SynthesisRequest(TEXT, voice=Reference(str(clip), REF_TEXT), seed=variation.seed(7))
     with stages_run(model) as ran:
         first = one(rt, name, request)
     assert ran == {s.name for s in model.stages}, f"stages that ran: {sorted(ran)}"
     assert first.numel() % hop_samples(variant_dir) == 0
     assert first.abs().max() > 0
     assert torch.equal(first, one(rt, name, request)), "same seed, different audio"
-    other = one(rt, name, SynthesisRequest(TEXT, voice=Reference(str(clip), REF_TEXT), seed=8))
+    other = one(rt, name, SynthesisRequest(TEXT, voice=Reference(str(clip), REF_TEXT), seed=variation.seed(8)))
     assert not (other.shape == first.shape and torch.equal(other, first)), "another seed gave the same audio"
 
 
 def test_cross_lingual_and_speed(runtime, variant_dir, clip):
     rt, names = runtime
     name = names[variant_dir]
-    request = SynthesisRequest(TEXT, voice=Reference(str(clip)), seed=3)
+    request = SynthesisRequest(TEXT, voice=Reference(str(clip)), seed=variation.seed(3))
     assert request.mode is None  # inferred: no reference text -> cross_lingual
     audio = one(rt, name, request)
-    fast = one(rt, name, SynthesisRequest(TEXT, mode="cross_lingual", voice=Reference(str(clip)), seed=3,
+    fast = one(rt, name, SynthesisRequest(TEXT, mode="cross_lingual", voice=Reference(str(clip)), seed=variation.seed(3),
                                           speed=2.0))
     hop = hop_samples(variant_dir)
     # speed interpolates the same mel to int(frames / speed) frames (same seed: same tokens)
@@ -96,7 +97,7 @@ def test_instruct_with_a_reference(runtime, variant_dir, clip):
     rt, names = runtime
     name = names[variant_dir]
     model = rt.model(name)
-    request = SynthesisRequest(TEXT, voice=Reference(str(clip)), instruct=INSTRUCT, seed=5)
+    request = SynthesisRequest(TEXT, voice=Reference(str(clip)), instruct=INSTRUCT, seed=variation.seed(5))
     if model.variant.instruct_mode != "instruct2":
         with pytest.raises(InvalidRequest, match="preset"):
             list(rt.synthesize(name, request))
@@ -113,8 +114,8 @@ def test_preset_and_preset_instruct_skip_the_front_end(runtime, preset_dir):
     model = rt.model(name)
     presets = [v.id for v in rt.voices(name) if v.kind == "preset"]
     assert presets and "preset" in model.capabilities.modes
-    for request in (SynthesisRequest(TEXT, voice=presets[0], seed=2),
-                    SynthesisRequest(TEXT, voice=presets[-1], instruct=INSTRUCT, seed=2)):
+    for request in (SynthesisRequest(TEXT, voice=presets[0], seed=variation.seed(2)),
+                    SynthesisRequest(TEXT, voice=presets[-1], instruct=INSTRUCT, seed=variation.seed(2))):
         with stages_run(model) as ran:
             audio = one(rt, name, request)
         assert "frontend" not in ran and {"llm", "flow", "hift"} <= ran
@@ -126,13 +127,18 @@ def test_voice_conversion_runs_no_lm(runtime, variant_dir, clip):
     name = names[variant_dir]
     model = rt.model(name)
     source = next(p for p in sorted(clip.parent.glob("*.wav")) if p != clip)
-    request = SynthesisRequest(voice=Reference(str(clip)), source_audio=str(source), seed=4)
+    request = SynthesisRequest(voice=Reference(str(clip)), source_audio=str(source), seed=variation.seed(4))
     with stages_run(model) as ran:
         audio = one(rt, name, request)
     assert ran == {"frontend", "flow", "hift"}, f"stages that ran: {sorted(ran)}"
     source_tokens = model.frontend.speech_tokens(str(source)).shape[1]
-    if model.variant.version >= 2:  # two mel frames per token
-        assert audio.numel() == 2 * source_tokens * hop_samples(variant_dir)
+    if model.variant.version >= 2:
+        # two mel frames per token, prompt and source, less the whole reference mel upstream's
+        # frontend_vc keeps (not cut to two frames per prompt token)
+        prompt_tokens = model.frontend.speech_tokens(str(clip)).shape[1]
+        prompt_frames = model.frontend.prompt_mel(str(clip)).shape[1]
+        frames = 2 * (source_tokens + prompt_tokens) - prompt_frames
+        assert audio.numel() == frames * hop_samples(variant_dir)
     assert torch.equal(audio, one(rt, name, request))
 
 
@@ -144,9 +150,9 @@ def test_cached_voice_reuses_the_prompt_without_the_front_end(runtime, variant_d
         voice = rt.add_voice(name, "e2e-cached", str(clip), REF_TEXT)
     assert ran == {"frontend"} and voice.kind == "cached"
     assert "e2e-cached" in [v.id for v in rt.voices(name)]
-    by_ref = one(rt, name, SynthesisRequest(TEXT, voice=Reference(str(clip), REF_TEXT), seed=9))
+    by_ref = one(rt, name, SynthesisRequest(TEXT, voice=Reference(str(clip), REF_TEXT), seed=variation.seed(9)))
     with stages_run(model) as ran:
-        by_id = one(rt, name, SynthesisRequest(TEXT, voice="e2e-cached", seed=9))
+        by_id = one(rt, name, SynthesisRequest(TEXT, voice="e2e-cached", seed=variation.seed(9)))
     assert "frontend" not in ran
     assert torch.equal(by_id, by_ref), "a cached voice must speak exactly as its reference"
 
@@ -159,7 +165,7 @@ def test_streaming_out(runtime, variant_dir, clip, upstream_chunks, record_token
     model = rt.model(name)
     spoken = record_tokens(model)
     words = " ".join(["one two three four five six seven eight nine ten"] * 7) + "."
-    request = SynthesisRequest(words, voice=Reference(str(clip), REF_TEXT), seed=11, stream=True)
+    request = SynthesisRequest(words, voice=Reference(str(clip), REF_TEXT), seed=variation.seed(11), stream=True)
     with stages_run(model) as ran:
         chunks = run(rt, name, request)
     assert ran == {s.name for s in model.stages}
@@ -196,5 +202,5 @@ def test_silent_runs_reach_the_flow_as_upstream(runtime, variant_dir, clip, monk
         seen.append(token.flatten().tolist())
         return token2mel(token, *args, **kwargs)
     monkeypatch.setattr(model.flow, "token2mel", flow)
-    one(rt, name, SynthesisRequest("Hello.", voice=Reference(str(clip)), seed=1))
+    one(rt, name, SynthesisRequest("Hello.", voice=Reference(str(clip)), seed=variation.seed(1)))
     assert seen == [want]

@@ -19,7 +19,7 @@ from mizuoto.engines.cosyvoice.synthesis import request_generators
 from mizuoto.engines.cosyvoice.variants import find_variant, load_config
 from mizuoto.errors import MizuotoError
 from mizuoto.runtime.options import parse_options
-from mizuoto.testing.cosyvoice_cases import assemble_model_dir, list_cases, load_case
+from mizuoto.testing.cosyvoice_cases import assemble_model_dir, bistream_text, list_cases, load_case
 
 CASES = list_cases()
 
@@ -104,7 +104,8 @@ def test_bistream_with_cuda_graphs_off_cuda(model, ref):
     upstream special-token stop, if the tiny LM draws one, after the same tokens)."""
     case = load_case(ref)
     lm = model(ref.model_dir).llm
-    text = case.input("text")
+    prompt = case.input("llm_prompt_speech_token")  # instruct2 gives the LM no prompt speech
+    text = bistream_text(case.input("text"), case.input("prompt_text"), 0 if prompt is None else prompt.shape[1], 3)
     pieces = [text[:, i:i + 3] for i in range(0, text.shape[1], 3)]
 
     def run(**kw):
