@@ -50,10 +50,13 @@ FIXTURES ?= $(or $(MIZUOTO_FIXTURES),../shared/fixtures)
 ASSETS ?= $(or $(MIZUOTO_ASSETS),$(FIXTURES)/../assets)
 SECOND_TREE := $(VENV)/second-fixture-tree
 PARITY_TESTS := tests/engines/cosyvoice tests/nn tests/testing
+# Left out there (CI's time): the two slowest tests whose inputs and seeds are the recorded cases'
+# own, the same on both trees, so their second run would compute what the first did.
+SAME_ON_BOTH := not in_any_company and not test_compile_keeps_the_mel_within_tolerance
 test-second-tree: $(TEST_STAMP)
 	$(PY) -m mizuoto.testing.derived_tree $(FIXTURES) $(SECOND_TREE)
 	MIZUOTO_FIXTURES=$(abspath $(SECOND_TREE)) MIZUOTO_ASSETS=$(abspath $(ASSETS)) MIZUOTO_TEST_SHIFT=1 \
-		$(PY) -m pytest -q $(PARITY_TESTS) --ignore=tests/engines/cosyvoice/train
+		$(PY) -m pytest -q $(PARITY_TESTS) --ignore=tests/engines/cosyvoice/train -k "$(SAME_ON_BOTH)"
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -442,7 +442,7 @@ class Runtime:
             budget = self._pool(loaded.options.device).device_budget
             reserve = sum(s.working_memory(request) for s in loaded.model.stages if s.kind == "sequence")
         while True:
-            with loaded.scheduler.hold(f"model {loaded.name}", reserve, plan.peak, budget):
+            with loaded.scheduler.hold(f"model {loaded.name}", reserve, plan.peak, budget, cancel):
                 if loaded.name not in self._models:
                     raise ModelUnloaded(f"model {loaded.name} was unloaded: "
                                         f"{self._gone.get(loaded.name, 'by its owner')}")

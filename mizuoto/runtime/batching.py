@@ -20,6 +20,12 @@ the unbatched path's (which is upstream's), and the docs say how often.
 Each row keeps its own generator, sampler state, length limits and KV cache (the engine makes
 the cache, sized as its options say); a row leaves when its sequence ends, freeing its place.
 
+A row moves through explicit states (PRODUCING, WAITING, PENDING, RUNNING, FINISHED below). The
+loop copies what a pass reads when it takes the work, under the condition, so a consumer that
+leaves mid-pass ends its own row only. An error in a forward pass goes to that pass's rows; a
+failure of the loop itself goes to every request waiting on it, and the loop goes on. close()
+answers everything still waiting and joins the loop.
+
 On the CPU the loop packs the decoder's layers when it starts, on its own thread before its
 first pass (`mizuoto.nn.lm.packed_linear`: weights in column blocks, products 2x faster at 8
 rows than `F.linear`'s, the same bytes; 0.8 s for Qwen2-0.5B). From then on the decoder is the
@@ -40,7 +46,7 @@ from typing import Any
 
 import torch
 
-from mizuoto.errors import RequestCancelled
+from mizuoto.errors import MizuotoError, RequestCancelled
 from mizuoto.runtime.decode import GraphBatchStep
 from mizuoto.nn.lm.packed_linear import pack_linears
 from mizuoto.nn.lm.qwen import QwenDecoder
@@ -52,6 +58,7 @@ log = logging.getLogger("mizuoto.runtime")
 # A row that misses a step joins the next one: results do not depend on it, only throughput.
 STRAGGLER_WAIT_S = 0.05
 POLL_S = 0.1  # how often a waiting request looks at its cancel event
+JOIN_S = 10.0  # how long close() waits for the loop's current pass, and a leaving consumer for its producer
 _END = object()
 
 
@@ -71,18 +78,30 @@ class _Call:
         self.done.set()
 
 
+# A row's states. The producer (the request's token loop) moves a row from PRODUCING to PENDING by
+# handing it an input; the loop moves it to RUNNING when it takes that input for a pass (copying
+# the input and the cache under the condition) and back to PRODUCING when it delivers the result.
+PRODUCING = "producing"  # the producer runs its own code (drawing, streamed text); the loop may wait for it
+WAITING = "waiting"      # the producer waits for something else (streamed text): steps go on without it
+PENDING = "pending"      # an input is waiting for the loop
+RUNNING = "running"      # the loop is running the row's input
+FINISHED = "finished"    # the consumer left or the row's sequence ended
+
+
 class Row:
-    """One sequence's place in the batch; `DecodeSteps`' interface for the engine's token loop."""
+    """One sequence's place in the batch; `DecodeSteps`' interface for the engine's token loop.
+
+    Every field but `cache` and `sampler` is read and written under the batcher's condition.
+    """
 
     def __init__(self, batcher: "DecodeBatcher", index: int) -> None:
         self.batcher, self.index = batcher, index
         self.cache: Any = None
         self.sampler = batcher.sampler
-        self.busy = True        # the producer is running its own code (the loop waits for it)
+        self.state = PRODUCING
         self.pending: torch.Tensor | None = None
         self.result: Any = None
         self.done = threading.Event()
-        self.stopped = False
 
     def attach(self, cache: Any) -> "Row":
         """Adopt the KV cache the engine made for this sequence; the row is then its decode steps."""
@@ -97,14 +116,13 @@ class Row:
         """Feed (1, T, hidden) inputs; the head's output for the last position, once the loop has run it."""
         b = self.batcher
         with b.cond:
-            if self.stopped:
+            b.check_open()
+            if self.state == FINISHED:
                 raise _Stopped("the request was closed")
-            if b.closed:
-                raise RequestCancelled(f"{b.name}: the model was closed")
             self.done.clear()
-            self.pending, self.busy = inputs, False
+            self.pending, self.state = inputs, PENDING
             b.cond.notify_all()
-        self.done.wait()
+        b.wait_for(self.done)
         result, self.result = self.result, None
         if isinstance(result, BaseException):
             raise result
@@ -119,7 +137,8 @@ class Row:
         it = iter(items)
         while True:
             with self.batcher.cond:
-                self.busy = False
+                if self.state == PRODUCING:
+                    self.state = WAITING
                 self.batcher.cond.notify_all()
             try:
                 item = next(it)
@@ -127,8 +146,17 @@ class Row:
                 return
             finally:
                 with self.batcher.cond:
-                    self.busy = True
+                    if self.state == WAITING:
+                        self.state = PRODUCING
             yield item
+
+
+class _Pass:
+    """What the loop runs for one row in a pass, copied under the condition when it picks the work."""
+
+    def __init__(self, row: Row) -> None:
+        self.row, self.inputs, self.cache = row, row.pending, row.cache
+        row.state, row.pending = RUNNING, None
 
 
 class DecodeBatcher:
@@ -190,7 +218,8 @@ class DecodeBatcher:
             finally:
                 self._leave(row)
 
-        threading.Thread(target=producer, name=f"mizuoto-{self.name}-row{row.index}", daemon=True).start()
+        thread = threading.Thread(target=producer, name=f"mizuoto-{self.name}-row{row.index}", daemon=True)
+        thread.start()
         try:
             while True:
                 try:
@@ -206,9 +235,14 @@ class DecodeBatcher:
                 yield item
         finally:
             with self.cond:
-                row.stopped = True
-                if row.pending is not None and not row.done.is_set():
+                # a row in a pass (RUNNING) keeps its copied input and the pass goes on: the loop
+                # wakes its producer with _Stopped when the pass ends; only this row ends
+                waiting = row.state == WAITING
+                if row.state == PENDING:
                     self._deliver(row, _Stopped("the request was closed"))
+                row.state = FINISHED
+            if not waiting:  # it stops at its next input, within a pass; one waiting for streamed
+                thread.join(JOIN_S)  # text stops when that text source ends, and is not waited for
 
     def call(self, fn: Callable[[], Any]) -> Any:
         """fn() run on the batch loop's thread between two steps (a request's flow or vocoder call); its result.
@@ -221,12 +255,11 @@ class DecodeBatcher:
             return fn()
         job = _Call(fn)
         with self.cond:
-            if self.closed:
-                raise RequestCancelled(f"{self.name}: the model was closed")
+            self.check_open()
             self._start()
             self._calls.append(job)
             self.cond.notify_all()
-        job.done.wait()
+        self.wait_for(job.done)
         if job.error is not None:
             raise job.error
         return job.result
@@ -236,11 +269,26 @@ class DecodeBatcher:
             self._thread = threading.Thread(target=self._loop, name=f"mizuoto-{self.name}-batch", daemon=True)
             self._thread.start()
 
+    def check_open(self) -> None:
+        """Raise RequestCancelled if the batch was closed (under the condition)."""
+        if self.closed:
+            raise RequestCancelled(f"{self.name}: the model was closed")
+
+    def wait_for(self, event: threading.Event) -> None:
+        """Wait for `event`, which the loop (or close) sets; an error if the loop is gone without setting it.
+
+        The loop delivers a result, or its own failure, to everything it took, and close() to
+        everything still waiting, so this only guards against a loop thread ended from outside.
+        """
+        while not event.wait(POLL_S):
+            thread = self._thread
+            if thread is not None and not thread.is_alive() and not event.is_set():
+                raise MizuotoError(f"{self.name}: the batch loop ended without answering")
+
     def _join(self, cancelled: Callable[[], bool]) -> Row:
         with self.cond:
             while True:
-                if self.closed:
-                    raise RequestCancelled(f"{self.name}: the model was closed")
+                self.check_open()
                 free = [i for i, r in enumerate(self.rows) if r is None]
                 if free:
                     row = self.rows[free[0]] = Row(self, free[0])
@@ -252,36 +300,60 @@ class DecodeBatcher:
 
     def _leave(self, row: Row) -> None:
         with self.cond:
+            row.state = FINISHED
             self.rows[row.index] = None
             self.cond.notify_all()
 
     def close(self) -> None:
-        """Stop the loop; rows still running get RequestCancelled at their next step, waiting calls too."""
+        """Stop the loop and join it; rows still running get RequestCancelled at their next input, waiting calls too."""
         with self.cond:
             self.closed = True
-            for row in self.rows:
-                if row is not None and row.pending is not None:
-                    self._deliver(row, RequestCancelled(f"{self.name}: the model was closed"))
-            while self._calls:
-                self._calls.popleft().finish(None, RequestCancelled(f"{self.name}: the model was closed"))
+            self._fail_waiting(RequestCancelled(f"{self.name}: the model was closed"))
             self.cond.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(JOIN_S)  # it ends after its current pass
+            if thread.is_alive():
+                log.warning("%s: the batch loop is still in a pass %.0f s after close", self.name, JOIN_S)
 
     # -- the loop ---------------------------------------------------------------------------------
     def _deliver(self, row: Row, result: Any) -> None:
-        row.result, row.pending, row.busy = result, None, True
+        row.result, row.pending = result, None
+        if row.state in (PENDING, RUNNING):
+            row.state = PRODUCING
         row.done.set()
 
+    def _answer(self, row: Row, result: Any) -> None:
+        """A pass's result to a row it took (under the condition); a row whose consumer left meanwhile
+        gets _Stopped instead, so its producer unwinds now."""
+        if row.state == RUNNING:
+            self._deliver(row, result)
+        elif row.state == FINISHED and not row.done.is_set():
+            self._deliver(row, _Stopped("the request was closed"))
+
+    def _fail_waiting(self, error: BaseException) -> None:
+        """Every row input and call not yet taken gets `error` (under the condition)."""
+        for row in self.rows:
+            if row is not None and row.state == PENDING:
+                self._deliver(row, error)
+        while self._calls:
+            self._calls.popleft().finish(None, error)
+
     def _work(self, waited: bool) -> tuple[str, Any] | None:
-        """What to run next (under the condition): prefills first, then calls and steps in turn."""
+        """What to run next (under the condition): prefills first, then calls and steps in turn.
+
+        The rows taken are copied (`_Pass`) and RUNNING: what the pass reads no longer changes
+        if their consumers leave meanwhile.
+        """
         rows = [r for r in self.rows if r is not None]
-        singles = [r for r in rows if r.pending is not None and r.pending.shape[1] > 1]
+        pending = [r for r in rows if r.state == PENDING]
+        singles = [r for r in pending if r.pending.shape[1] > 1]
         if singles:
-            return "prefill", singles
-        steps = [r for r in rows if r.pending is not None]
-        step_ready = bool(steps) and (waited or not any(r.busy for r in rows))
+            return "prefill", [_Pass(r) for r in singles]
+        step_ready = bool(pending) and (waited or not any(r.state == PRODUCING for r in rows))
         if self._calls and not (step_ready and self._last == "call"):
             return "call", self._calls.popleft()
-        return ("step", steps) if step_ready else None
+        return ("step", [_Pass(r) for r in pending]) if step_ready else None
 
     def _loop(self) -> None:
         if self._pack:
@@ -290,50 +362,64 @@ class DecodeBatcher:
             except Exception:  # the dense layers still work, only slower
                 log.exception("%s: packing the LM's layers for the batch failed; they stay as they are", self.name)
         while True:
-            with self.cond:
-                waited = False
-                while not self.closed and (work := self._work(waited)) is None:
-                    pending = any(r is not None and r.pending is not None for r in self.rows)
-                    # a row still drawing its token: wait a little for it, then step without it
-                    waited = not self.cond.wait(STRAGGLER_WAIT_S if pending else None) and pending
-                if self.closed:
-                    return
-            kind, items = work
-            self._last = kind
-            if kind == "call":
-                try:
-                    items.finish(items.fn(), None)
-                except BaseException as e:  # handed to the caller
-                    items.finish(None, e)
-                continue
+            work = None
             try:
-                with torch.inference_mode(), self.gate():
-                    if kind == "prefill":
-                        results = {r.index: self.head(self.decoder(r.pending, r.cache)) for r in items}
-                    else:
-                        results = self._step(items)
-            except BaseException as e:  # every row in this pass gets it
-                results = {r.index: e for r in items}
-            with self.cond:
-                for r in items:
-                    if r.pending is not None:
-                        self._deliver(r, results[r.index])
-                if kind == "prefill":
-                    self.prefills += len(items)
+                with self.cond:
+                    waited = False
+                    while not self.closed and (work := self._work(waited)) is None:
+                        pending = any(r is not None and r.state == PENDING for r in self.rows)
+                        # a row still drawing its token: wait a little for it, then step without it
+                        waited = not self.cond.wait(STRAGGLER_WAIT_S if pending else None) and pending
+                    if self.closed:
+                        return
+                self._run(*work)
+            except BaseException as e:  # the loop's own failure: every waiter hears of it, the loop goes on
+                log.exception("%s: the batch loop failed; its waiting requests get the error", self.name)
+                error = MizuotoError(f"{self.name}: the LM batch loop failed: {e!r}")
+                with self.cond:
+                    if work is not None and work[0] != "call":
+                        for item in work[1]:
+                            self._answer(item.row, error)
+                    elif work is not None and not work[1].done.is_set():
+                        work[1].finish(None, error)
+                    self._fail_waiting(error)
 
-    def _step(self, rows: list[Row]) -> dict[int, torch.Tensor]:
-        first = rows[0].pending
+    def _run(self, kind: str, items: Any) -> None:
+        """One unit of work: a call, or a pass over the rows taken (each row gets its own result)."""
+        self._last = kind
+        if kind == "call":
+            try:
+                items.finish(items.fn(), None)
+            except BaseException as e:  # handed to the caller
+                items.finish(None, e)
+            return
+        try:
+            with torch.inference_mode(), self.gate():
+                if kind == "prefill":
+                    results = {p.row.index: self.head(self.decoder(p.inputs, p.cache)) for p in items}
+                else:
+                    results = self._step(items)
+        except BaseException as e:  # every row in this pass gets it
+            results = {p.row.index: e for p in items}
+        with self.cond:
+            for p in items:
+                self._answer(p.row, results[p.row.index])
+            if kind == "prefill":
+                self.prefills += len(items)
+
+    def _step(self, items: list[_Pass]) -> dict[int, torch.Tensor]:
+        first = items[0].inputs
         x = torch.zeros(self.width, 1, first.shape[-1], dtype=first.dtype, device=first.device)
         caches: list[Any] = [None] * self.width
-        for r in rows:
-            x[r.index] = r.pending[0]
-            caches[r.index] = r.cache
+        for p in items:
+            x[p.row.index] = p.inputs[0]
+            caches[p.row.index] = p.cache
         scores = self.batch_step(x, caches)
         if self.batch_step.captured:  # overwritten by the next step, which a straggler's draw may outlast
             scores = scores.clone()
         self.steps += 1
-        self.row_steps += len(rows)
-        return {r.index: scores[r.index] for r in rows}
+        self.row_steps += len(items)
+        return {p.row.index: scores[p.row.index] for p in items}
 
     def stats(self) -> dict[str, float]:
         """Rows now, steps run and their mean occupancy (0-1), prefills run."""

@@ -27,6 +27,8 @@ from mizuoto.runtime.engine import AudioChunk, Model, SynthesisRequest
 from mizuoto.errors import InvalidRequest, RequestCancelled
 from mizuoto.runtime.memory import Plan
 
+CANCEL_POLL_S = 0.1  # how often a request waiting for its turn looks at its cancel event
+
 
 class Scheduler:
     """Owns the placement of one model's movable modules; `trace` records every move as (stage, "device" | "host")."""
@@ -73,9 +75,10 @@ class Scheduler:
 
     @contextlib.contextmanager
     def hold(self, name: str = "model", reserve: int = 0, peak: int = 0,
-             budget: int | None = None) -> Iterator[None]:
+             budget: int | None = None, cancel: threading.Event | None = None) -> Iterator[None]:
         """Hold the model for one request of `peak` bytes that keeps `reserve` of them while others run beside it;
-        with a `budget`, it joins a running batch only while `together()` stays within it."""
+        with a `budget`, it joins a running batch only while `together()` stays within it. Setting
+        `cancel` while it waits for its turn ends the wait with RequestCancelled (within CANCEL_POLL_S)."""
         me = threading.get_ident()
         if me in self._owners:
             raise InvalidRequest(f"a request on {name} is still open in this thread; finish or close it first")
@@ -85,7 +88,9 @@ class Scheduler:
             try:
                 while self._queue[0] != me or len(self._owners) >= width or (
                         self._owners and budget is not None and self.together((peak, reserve)) > budget):
-                    self._cond.wait()
+                    if cancel is not None and cancel.is_set():
+                        raise RequestCancelled(f"the request was cancelled while waiting for its turn on {name}")
+                    self._cond.wait(CANCEL_POLL_S if cancel is not None else None)
             finally:
                 self._queue.remove(me)
                 self._cond.notify_all()  # the next in line may fit now (or the line moved on without me)

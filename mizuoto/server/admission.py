@@ -25,7 +25,7 @@ class Ticket:
         self.waited = 0.0  # seconds spent in the queue, once granted
 
 
-class Admission:
+class JobSlots:
     """At most `limit` jobs run; at most `max_queued` wait for a slot, first come first served."""
 
     def __init__(self, limit: int, max_queued: int = 0, timeout: float | None = None):

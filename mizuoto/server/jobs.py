@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from mizuoto.runtime.threads import spawn
-from mizuoto.server.admission import Admission, Ticket
+from mizuoto.server.admission import JobSlots, Ticket
 from mizuoto.server.errors import ApiError
 
 _END = object()
@@ -56,7 +56,7 @@ class Cancelled(Exception):
 class Job:
     """One synthesis running in a worker thread; iterate it from the event loop with `next()`."""
 
-    def __init__(self, start: Callable[[threading.Event], Iterator[Any]], admission: Admission, ticket: Ticket,
+    def __init__(self, start: Callable[[threading.Event], Iterator[Any]], admission: JobSlots, ticket: Ticket,
                  deadline: float | None, on_finish: Callable[[Job], None] | None = None,
                  on_admit: Callable[[float], None] | None = None, retry_after: int = 1):
         self.cancelled = threading.Event()

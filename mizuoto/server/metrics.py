@@ -83,7 +83,7 @@ class Metrics:
 
     def render(self, admission: Any, memory: list[tuple[str, str, str, int]],
                batches: list[tuple[str, int, int]] = (), evictions: int = 0) -> str:
-        """The exposition text of an Admission's gauges and these counters.
+        """The exposition text of the JobSlots' gauges and these counters.
 
         `memory` rows are (suffix, device, model, bytes); `batches` rows (model, batch width, running);
         `evictions` the runtime's count of models evicted to admit others.

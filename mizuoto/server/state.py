@@ -14,7 +14,7 @@ from mizuoto.runtime.engine import Reference
 from mizuoto.errors import InvalidRequest, MizuotoError
 from mizuoto.server.audio import available_formats
 from mizuoto.server.errors import ApiError
-from mizuoto.server.admission import Admission
+from mizuoto.server.admission import JobSlots
 from mizuoto.server.jobs import Job
 from mizuoto.server.metrics import Metrics
 from mizuoto.server.validation import NAME
@@ -74,7 +74,7 @@ class ServerState:
                                      "(give it as NAME=DIR)")
         self.catalogue: dict[str, Path] = {k: Path(v) for k, v in (models or {}).items()}
         self.voices: dict[str, StoredVoice] = {}
-        self.limiter = Admission(config.max_concurrent, config.max_queued, config.queue_timeout)
+        self.limiter = JobSlots(config.max_concurrent, config.max_queued, config.queue_timeout)
         self.metrics = Metrics()
         self.jobs: set[Job] = set()
         self.closing = False

@@ -32,6 +32,7 @@ from mizuoto.testing.fixtures import load_tensors, read_manifest
 
 _CASE_FOLDERS = ("cosyvoice/*/cases", "full/*/cases")
 _PARAMETRIZED = ".parametrizations.weight.original"
+_PREFIX = "generator."
 
 
 def case_name(name: str) -> str:
@@ -65,7 +66,7 @@ def legacy_hift(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if _PARAMETRIZED in key:
             stem, index = key.split(_PARAMETRIZED)
             key = stem + (".weight_g" if index == "0" else ".weight_v")
-        out["generator." + key] = value
+        out[key if key.startswith(_PREFIX) else _PREFIX + key] = value  # a legacy file stays as it is
     return out
 
 

@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from mizuoto.errors import RequestCancelled
+from mizuoto.errors import MizuotoError, RequestCancelled
 from mizuoto.nn.lm.kv_cache import DynamicKVCache
 from mizuoto.nn.lm.qwen import QwenConfig, QwenDecoder
 from mizuoto.runtime.batching import DecodeBatcher
@@ -216,3 +216,92 @@ def test_calls_run_on_the_loop_thread_between_steps(decoder):
         batcher.close()
     with pytest.raises(RequestCancelled, match="closed"):
         batcher.call(lambda: None)
+
+
+def _hold_step(batcher, rows_wanted: int):
+    """Make the loop stop inside its next pass over `rows_wanted` rows (after it took their inputs)
+    until the test releases it: (entered, release) events."""
+    entered, release = threading.Event(), threading.Event()
+    original = batcher._step
+
+    def step(items):
+        if len(items) == rows_wanted and not entered.is_set():
+            entered.set()
+            assert release.wait(30), "the test never released the pass"
+        return original(items)
+    batcher._step = step
+    return entered, release
+
+
+@torch.inference_mode()
+def test_a_consumer_leaving_while_its_row_is_in_a_step_fails_only_that_row(decoder):
+    """The loop copies a pass's inputs when it takes them: a consumer closing mid-pass cannot fail the others."""
+    batcher = DecodeBatcher(decoder, _head(decoder), WIDTH, contextlib.nullcontext, sampler=None)
+    try:
+        alone = _run_together(batcher, [_greedy(decoder, 4, 20, seed=7, record=[])])[0]
+        entered, release = _hold_step(batcher, 2)
+        leaving = batcher.run(_greedy(decoder, 4, 500, seed=8, record=[]))
+        staying = batcher.run(_greedy(decoder, 4, 20, seed=7, record=[]))
+        next(leaving)
+        got = [next(staying)]
+        assert entered.wait(30), "no step took both rows"
+        closer = threading.Thread(target=leaving.close)  # it waits for its producer: the pass must end
+        closer.start()
+        _settle(lambda: any(r is not None and r.state == "finished" for r in batcher.rows))
+        release.set()  # the pass goes on over the input it took from the row that left
+        closer.join(10)
+        assert not closer.is_alive()
+        got += list(staying)
+        assert got == alone
+        _settle(lambda: batcher.active == 0 and _threads() == 0)
+    finally:
+        batcher.close()
+
+
+@torch.inference_mode()
+def test_an_error_in_the_loop_itself_reaches_every_waiter_and_the_loop_goes_on(decoder, monkeypatch):
+    """A failure outside a forward pass (here: picking the work) answers each waiting row and call within
+    a second with an error naming it; the next request is served."""
+    batcher = DecodeBatcher(decoder, _head(decoder), WIDTH, contextlib.nullcontext, sampler=None)
+    try:
+        batcher.call(lambda: None)  # the loop runs
+        original = batcher._work
+        armed = threading.Event()
+
+        def work(waited):
+            if armed.is_set() and any(r is not None and r.state == "pending" for r in batcher.rows):
+                armed.clear()
+                raise RuntimeError("a bug in the loop")
+            return original(waited)
+        monkeypatch.setattr(batcher, "_work", work)
+        outcomes: list = []
+
+        def request():
+            try:
+                outcomes.append(list(batcher.run(_greedy(decoder, 4, 30, seed=3, record=[]))))
+            except MizuotoError as e:
+                outcomes.append(e)
+        armed.set()
+        threads = [threading.Thread(target=request) for _ in range(2)]
+        start = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert not any(t.is_alive() for t in threads), "a waiter hangs"
+        failed = [o for o in outcomes if isinstance(o, MizuotoError)]
+        assert failed and all("batch loop failed" in str(o) and "a bug in the loop" in str(o) for o in failed)
+        assert time.monotonic() - start < 5
+        assert len(list(batcher.run(_greedy(decoder, 4, 12, seed=4, record=[])))) == 12  # served again
+        assert batcher.call(lambda: "still here") == "still here"
+    finally:
+        batcher.close()
+
+
+@torch.inference_mode()
+def test_close_joins_the_loop_it_started(decoder):
+    before = {t.ident for t in threading.enumerate()}
+    batcher = DecodeBatcher(decoder, _head(decoder), 2, contextlib.nullcontext, sampler=None)
+    assert len(list(batcher.run(_greedy(decoder, 4, 5, seed=1, record=[])))) == 5
+    batcher.close()
+    assert {t.ident for t in threading.enumerate() if t.is_alive()} <= before, "close() left a thread running"

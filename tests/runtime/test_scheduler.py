@@ -207,3 +207,48 @@ def test_each_thread_sees_its_own_cancel(tone_dir):
             seen.append("ran")
     assert seen == ["cancelled", "ran"]
     assert model._gate is None  # unbound once the last request left
+
+
+def test_a_cancel_ends_the_wait_for_a_turn(tone_dir):
+    """A request queued behind a long one does not wait it out once it is cancelled."""
+    import threading
+    import time
+
+    from mizuoto.errors import RequestCancelled
+
+    model, sched, plan = _setup(tone_dir, stream=False, pinned=())
+    entered, release = threading.Event(), threading.Event()
+
+    def long_one():
+        with sched.hold():
+            entered.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=long_one)
+    holder.start()
+    try:
+        assert entered.wait(10)
+        cancel, outcome = threading.Event(), []
+
+        def queued():
+            try:
+                with sched.hold(cancel=cancel):
+                    outcome.append("held")
+            except RequestCancelled as e:
+                outcome.append(e)
+        waiter = threading.Thread(target=queued)
+        waiter.start()
+        deadline = time.monotonic() + 10
+        while sched.waiting == 0:  # it is in line behind the long request
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        cancel.set()
+        started = time.monotonic()
+        waiter.join(5)
+        assert not waiter.is_alive() and time.monotonic() - started < 1.0
+        assert isinstance(outcome[0], RequestCancelled) and "waiting for its turn" in str(outcome[0])
+        assert sched.waiting == 0 and sched.running == 1
+    finally:
+        release.set()
+        holder.join(10)
+    assert sched.running == 0

@@ -1,16 +1,16 @@
-"""Admission (slots and the FIFO queue) and in_fresh_thread, in this process without a server."""
+"""JobSlots (the server's admission: slots and the FIFO queue) and in_fresh_thread, in this process without a server."""
 
 import asyncio
 import threading
 
 import pytest
 
-from mizuoto.server.admission import Admission
+from mizuoto.server.admission import JobSlots
 from mizuoto.server.jobs import in_fresh_thread
 
 
 def test_slots_then_queue_then_refusal_and_slots_pass_to_the_oldest_waiter():
-    a = Admission(limit=1, max_queued=2, timeout=None)
+    a = JobSlots(limit=1, max_queued=2, timeout=None)
     first, second, third = a.enter(), a.enter(), a.enter()
     assert first.granted.is_set() and not second.granted.is_set() and not third.granted.is_set()
     assert a.enter() is None and a.full() and a.queued == 2
@@ -24,7 +24,7 @@ def test_slots_then_queue_then_refusal_and_slots_pass_to_the_oldest_waiter():
 
 
 def test_a_wait_ends_on_cancel_or_timeout_and_leaves_the_line():
-    a = Admission(limit=1, max_queued=2, timeout=0.2)
+    a = JobSlots(limit=1, max_queued=2, timeout=0.2)
     a.enter()
     cancelled = threading.Event()
     cancelled.set()
