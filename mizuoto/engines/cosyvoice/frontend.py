@@ -251,8 +251,10 @@ class CosyVoiceFrontend:
 
     def _campplus_identity(self) -> tuple:
         """Which CAM++ file this is (models sharing one campplus.onnx share their kept embeddings)."""
-        stat = (self.model_dir / CAMPPLUS).resolve().stat()
-        return str((self.model_dir / CAMPPLUS).resolve()), stat.st_size, stat.st_mtime_ns
+        self.campplus  # noqa: B018 -- a missing file is the loader's clear error, not a bare OSError
+        path = (self.model_dir / CAMPPLUS).resolve()
+        stat = path.stat()
+        return str(path), stat.st_size, stat.st_mtime_ns
 
     def prompt_mel(self, audio: Audio) -> torch.Tensor:
         """[1, F, 80] Matcha mel of the audio at 24 kHz (upstream _extract_speech_feat)."""

@@ -152,3 +152,21 @@ def test_a_clip_sent_again_reuses_its_embedding(runtime, clip, monkeypatch):
     assert len(frontend_module._EMBEDDINGS) == EMBEDDINGS_KEPT
     frontend.speaker_embedding(str(clip))
     assert len(calls) == 3
+
+
+def test_a_missing_campplus_is_named(tmp_path, clip):
+    """A directory without campplus.onnx: embedding a clip is the loader's clear error, not an OSError."""
+    from mizuoto.errors import ModelLoadError
+    from mizuoto.runtime.api import Runtime
+    from mizuoto.testing.cosyvoice_cases import assemble_model_dir
+
+    source = PROMPT_CASES[0].model_dir
+    dest = assemble_model_dir(source, tmp_path / "model")
+    (dest / "campplus.onnx").unlink()
+    rt = Runtime()
+    try:
+        frontend = rt.model(rt.load(dest)).frontend
+        with pytest.raises(ModelLoadError, match="campplus.onnx is missing"):
+            frontend.speaker_embedding(str(clip))
+    finally:
+        rt.close()
