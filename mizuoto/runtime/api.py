@@ -223,12 +223,14 @@ class Runtime:
             self._drop(self._models[name])
 
     def models(self) -> list[ModelInfo]:
-        """The loaded models."""
-        return [self.info(name) for name in self._models]
+        """The loaded models (as they were when called: a load or an eviction beside it changes the next call's)."""
+        return [self._info(m) for m in list(self._models.values())]  # one copy: the dict may change meanwhile
 
     def info(self, model: str) -> ModelInfo:
         """What a loaded model is and where it stands."""
-        m = self._get(model)
+        return self._info(self._get(model))
+
+    def _info(self, m: _Loaded) -> ModelInfo:
         return ModelInfo(m.name, m.engine, m.variant, m.path, m.options.device,
                          self._pool(m.options.device).state(m.name) or "host", m.plan.strategy,
                          m.model.capabilities, m.model.batch_width, m.scheduler.running)

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from mizuoto.runtime.engine import Reference
-from mizuoto.errors import InvalidRequest, MizuotoError
+from mizuoto.errors import InvalidRequest
 from mizuoto.server.audio import available_formats
 from mizuoto.server.errors import ApiError
 from mizuoto.server.admission import JobSlots
@@ -84,11 +84,6 @@ class ServerState:
     # ---- models --------------------------------------------------------------------------------
     def loaded(self) -> list[str]:
         """Names of the models loaded now."""
-        for _ in range(3):
-            try:
-                return [m.name for m in self.runtime.models()]
-            except (RuntimeError, MizuotoError):  # a load or eviction in another thread changed the set
-                continue
         return [m.name for m in self.runtime.models()]
 
     def check_model(self, name: str) -> None:

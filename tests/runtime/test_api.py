@@ -286,3 +286,23 @@ def test_a_batched_model_admits_a_joining_request_only_while_its_working_memory_
             list(running)
             t.join(10)
             assert got.is_set() and rt.info(name).running == 0
+
+
+def test_listing_models_while_another_thread_unloads_one(rt, tone_dir, monkeypatch):
+    """models() describes the models loaded when it was called, even if one goes while it runs."""
+    first, second = rt.load(tone_dir), rt.load(tone_dir)
+    pool = rt._pool(rt.info(first).device)
+    inside, unloaded = threading.Event(), threading.Event()
+    state = pool.state
+
+    def slow_state(name):  # the listing is between its first and its second model
+        if name == first and not inside.is_set():
+            inside.set()
+            assert unloaded.wait(10)
+        return state(name)
+    monkeypatch.setattr(pool, "state", slow_state)
+    unloader = threading.Thread(target=lambda: (inside.wait(10), rt.unload(second), unloaded.set()))
+    unloader.start()
+    listed = [m.name for m in rt.models()]
+    unloader.join(10)
+    assert listed == [first, second] and [m.name for m in rt.models()] == [first]
