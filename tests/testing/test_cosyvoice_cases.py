@@ -21,3 +21,34 @@ def test_every_case_manifest_is_listed_and_loads():
         for name, stored in case.meta.get("aliases", {}).items():
             assert case[name] is case[stored]
         assert load_case(ref.json_path).ref == ref
+
+
+def test_first_speaking_seed_skips_silent_and_rejected_seeds():
+    import pytest
+
+    from mizuoto.errors import InvalidRequest, MizuotoError
+    from mizuoto.testing.cosyvoice_cases import first_speaking_seed
+
+    def attempt(seed):
+        if seed < 12:
+            raise MizuotoError(f"the LM produced special token {seed} instead of eos")
+        return [] if seed < 14 else [seed]
+    assert first_speaking_seed(attempt, 10) == (14, [14])
+    seed, outcome = first_speaking_seed(attempt, 10, tries=3)  # none speaks: the first seed's outcome
+    assert seed == 10 and isinstance(outcome, MizuotoError) and "special token 10" in str(outcome)
+    assert first_speaking_seed(lambda s: [], 5, tries=2) == (5, [])
+    with pytest.raises(InvalidRequest):  # any other error is the test's failure, not an outcome
+        first_speaking_seed(lambda s: (_ for _ in ()).throw(InvalidRequest("bad input")), 0)
+
+
+def test_bistream_text_outlasts_the_reference():
+    import torch
+
+    from mizuoto.testing.cosyvoice_cases import BISTREAM_MIX, bistream_text
+
+    text, prompt_text = torch.arange(7).reshape(1, 7), torch.zeros(1, 4, dtype=torch.long)
+    for prompt_tokens in (0, 15, 61, 400):
+        out = bistream_text(text, prompt_text, prompt_tokens, piece=2)
+        before_speech = BISTREAM_MIX[0] * -(-prompt_tokens // BISTREAM_MIX[1]) + BISTREAM_MIX[0] - 4
+        assert out.shape[1] >= max(3 * 7, before_speech + 3 * 2) and out.shape[1] % 7 == 0
+        assert torch.equal(out[:, :7], text)
