@@ -131,17 +131,16 @@ def _link(src: Path, dst: Path) -> None:
 
 
 # -- streamed text in (upstream's bistream) ------------------------------------------------------
-BISTREAM_MIX = (5, 15)  # upstream's mix_ratio: text tokens in per prompt speech tokens in
-
-
-def bistream_text(text: torch.Tensor, prompt_text: torch.Tensor, prompt_tokens: int, piece: int) -> torch.Tensor:
+def bistream_text(text: torch.Tensor, prompt_text: torch.Tensor, prompt_tokens: int, piece: int,
+                  mix_ratio: tuple[int, int]) -> torch.Tensor:
     """`text` repeated until it outlasts the reference in upstream's bistream.
 
-    The LM speaks only once every prompt speech token went in (BISTREAM_MIX, the reference text
-    counting as text); text that ends before that all goes to the final loop, where eos may come
-    first. So a longer reference needs more text: three pieces more than that, and at least 3 times.
+    The LM speaks only once every prompt speech token went in (`mix_ratio`, the LM's text tokens in
+    per prompt speech tokens in, the reference text counting as text); text that ends before that
+    all goes to the final loop, where eos may come first. So a longer reference needs more text:
+    three pieces more than that, and at least 3 times.
     """
-    text_in, speech_in = BISTREAM_MIX
+    text_in, speech_in = mix_ratio
     needed = text_in * (-(-prompt_tokens // speech_in)) + text_in - prompt_text.shape[1] + 3 * piece
     return text.repeat(1, max(3, -(-needed // text.shape[1]) + 1))
 

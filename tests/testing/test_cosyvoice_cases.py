@@ -44,11 +44,11 @@ def test_first_speaking_seed_skips_silent_and_rejected_seeds():
 def test_bistream_text_outlasts_the_reference():
     import torch
 
-    from mizuoto.testing.cosyvoice_cases import BISTREAM_MIX, bistream_text
+    from mizuoto.testing.cosyvoice_cases import bistream_text
 
     text, prompt_text = torch.arange(7).reshape(1, 7), torch.zeros(1, 4, dtype=torch.long)
     for prompt_tokens in (0, 15, 61, 400):
-        out = bistream_text(text, prompt_text, prompt_tokens, piece=2)
-        before_speech = BISTREAM_MIX[0] * -(-prompt_tokens // BISTREAM_MIX[1]) + BISTREAM_MIX[0] - 4
+        out = bistream_text(text, prompt_text, prompt_tokens, piece=2, mix_ratio=(5, 15))
+        before_speech = 5 * -(-prompt_tokens // 15) + 5 - 4
         assert out.shape[1] >= max(3 * 7, before_speech + 3 * 2) and out.shape[1] % 7 == 0
         assert torch.equal(out[:, :7], text)

@@ -105,7 +105,8 @@ def test_bistream_with_cuda_graphs_off_cuda(model, ref):
     case = load_case(ref)
     lm = model(ref.model_dir).llm
     prompt = case.input("llm_prompt_speech_token")  # instruct2 gives the LM no prompt speech
-    text = bistream_text(case.input("text"), case.input("prompt_text"), 0 if prompt is None else prompt.shape[1], 3)
+    text = bistream_text(case.input("text"), case.input("prompt_text"), 0 if prompt is None else prompt.shape[1], 3,
+                         lm.mix_ratio)
     pieces = [text[:, i:i + 3] for i in range(0, text.shape[1], 3)]
 
     def run(**kw):

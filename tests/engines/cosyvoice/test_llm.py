@@ -190,10 +190,10 @@ def _bistream(lm, pieces, case, cache="dynamic", seed=7, consumed=None):
     return out
 
 
-def _long_text(case, piece: int) -> torch.Tensor:
+def _long_text(case, lm, piece: int) -> torch.Tensor:
     """The case's text, long enough that the LM speaks before it ends (bistream_text)."""
     return bistream_text(case.input("text"), case.input("prompt_text"), case.input("llm_prompt_speech_token").shape[1],
-                         piece)
+                         piece, lm.mix_ratio)
 
 
 def _bistream_case(ref_filter):
@@ -209,7 +209,7 @@ def _bistream_case(ref_filter):
 def test_bistream_is_deterministic_and_cache_independent(ref):
     case = load_case(ref)
     lm = _lm(case.model_dir)
-    text = _long_text(case, 3)
+    text = _long_text(case, lm, 3)
     pieces = [text[:, i:i + 3] for i in range(0, text.shape[1], 3)]
     first = _bistream(lm, pieces, case)
     assert first, "the LM neither spoke nor stopped with an error"  # eos first is an empty list
@@ -220,7 +220,7 @@ def test_bistream_is_deterministic_and_cache_independent(ref):
 def test_bistream_speaks_while_text_arrives(ref):
     case = load_case(ref)
     lm = _lm(case.model_dir)
-    text = _long_text(case, 2)
+    text = _long_text(case, lm, 2)
     pieces = [text[:, i:i + 2] for i in range(0, text.shape[1], 2)]
     consumed: list[int] = []
     out = _bistream(lm, pieces, case, consumed=consumed)
