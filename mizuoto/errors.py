@@ -35,3 +35,7 @@ class RequestTooLarge(MemoryBudgetError):
 
 class ModelUnloaded(InvalidRequest):
     """The model named was unloaded (by its owner, or evicted by the planner to make room for another)."""
+
+
+class DeadlineExceeded(RequestCancelled):
+    """A request ran past its deadline; it stops as a cancelled one does."""

@@ -17,7 +17,7 @@ It prints one JSON document (also written to $OUT/gpu_check.json when $OUT is se
    (as CosyVoice 3's streaming flow does); ms/token of each and the LM step's GB/s.
 3. batch: the same model with a continuous batch (`compute.batch`, issue 14): seeded requests
    run together give the same tokens with and without CUDA graphs captured at the batch width
-   (`runtime.decode.GraphBatchStep`), with their LM tokens/s; on CUDA, the `--concurrency`
+   (`runtime.decode.BatchStep`), with their LM tokens/s; on CUDA, the `--concurrency`
    sweep at 1, 4 and 16 streams (batch width 16) with graphs.
 4. bench (CUDA only): `mizuoto bench --random cosyvoice2 --stream` tables without and with
    CUDA graphs (the driver and the random model are mizuoto/engines/cosyvoice/bench.py's).

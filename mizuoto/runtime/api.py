@@ -17,7 +17,9 @@ from mizuoto.runtime.engine import (AudioChunk, Capabilities, Model, SynthesisRe
 from mizuoto.runtime.hub import is_repo_id, resolve_model
 from mizuoto.runtime.voicestore import ModelIdentity, SavedVoice, VoiceStore, fingerprint
 from mizuoto.errors import (InvalidRequest, MemoryBudgetError, MizuotoError, ModelLoadError, ModelUnloaded,
-                             RequestCancelled, RequestTooLarge)
+                             RequestTooLarge)
+from mizuoto.runtime.executor import Executor
+from mizuoto.runtime.lease import Lease
 from mizuoto.runtime.memory import Eviction, Plan, Pool, detect_budget, measure, parse_bytes, plan_model
 from mizuoto.runtime.options import LoadOptions, parse_options
 from mizuoto.runtime.plugins import Registry, describe_error
@@ -41,6 +43,7 @@ class ModelInfo:
     capabilities: Capabilities
     batch_width: int = 1  # requests it runs at once (compute.batch, where its engine batches)
     running: int = 0  # requests running on it now
+    loop_failures: int = 0  # failures of its compute loop itself (each answered to its waiters; the loop goes on)
 
 
 @dataclass(frozen=True)
@@ -101,11 +104,15 @@ class Runtime:
         self.registry = Registry(entry_points=plugins, builtins=plugins)
         for engine in engines:
             self.registry.add(engine)
+        # The lease authority: one lock owns the loaded set, the pins (leases holding a model against
+        # eviction), the pools' admission and the models' placement targets. Nothing waits on a model
+        # while holding it: modules move and evicted models close after it is released.
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)  # notified when a lease lets go or a model goes
         self._models: dict[str, _Loaded] = {}
+        self._pins: dict[str, set[Lease]] = {}  # model name -> the leases pinning it
         self._pools: dict[str, Pool] = {}
         self._gone: dict[str, str] = {}  # model name -> why it was unloaded by the runtime
-        self._lock = threading.RLock()
-        self._room = threading.Condition()  # notified when a request leaves a model (memory may be free)
         self.evictions = 0  # models offloaded or unloaded by the planner to admit others, so far
         if voices is None or voices is True:
             from mizuoto.runtime.assets import voices_dir
@@ -135,12 +142,14 @@ class Runtime:
 
     # ---- models --------------------------------------------------------------------------------
     def load(self, path: str | Path, engine: str | None = None, name: str | None = None, *,
-             wait: float | None = None, **options: Any) -> str:
+             wait: float | None = None, lease: Lease | None = None, **options: Any) -> str:
         """Load a model directory (or a Hugging Face repo id `org/name[@rev]`) and return its name.
 
         The engine is detected unless given; a repo id is the default name of its model. When the
         memory it needs is held by models running requests in other threads, `wait` seconds are
-        given to those to finish (None: fail at once with MemoryBudgetError).
+        given to those to finish (None: fail at once with MemoryBudgetError). With a `lease`, the
+        model is pinned for it as it is admitted (no other request can evict it before it runs),
+        and its cancel or deadline ends the wait.
         """
         opts = parse_options(**options).resolved()
         if name is None and isinstance(path, str) and is_repo_id(path):
@@ -157,27 +166,42 @@ class Runtime:
             raise ModelLoadError(f"{path} is recognised by several engines ({', '.join(h[0] for h in picked)});"
                                  " choose one with engine=...")
         engine, variant = picked[0]
+        # The load runs on the thread that will compute for the model (its OpenMP team is then the
+        # only one its requests meet; docs/performance.md, "Threads"); a batched model brings its own
+        # loop, and the loading thread ends.
+        executor = Executor(f"loading-{path.name}")
         try:
-            model = self.registry.engine_class(engine)().load(path, opts)
+            model = executor.call(lambda: self.registry.engine_class(engine)().load(path, opts))
+            if not isinstance(model, Model):
+                raise ModelLoadError(f"engine {engine!r} returned a {type(model).__name__}, not a Model")
         except MizuotoError:
+            executor.close()
             raise
         except Exception as e:
+            executor.close()
             raise ModelLoadError(f"engine {engine!r} failed to load {path}: {describe_error(e)}") from e
-        if not isinstance(model, Model):
-            raise ModelLoadError(f"engine {engine!r} returned a {type(model).__name__}, not a Model")
+        if model.executor is not None:
+            executor.close()
         end = None if wait is None else time.monotonic() + wait
+        waiter = lease if lease is not None else Lease(wait)
+        loaded = None
         try:
             with self._lock:
                 name = self._unique(name or path.resolve().name)
-                loaded = _Loaded(name, engine, variant, path, opts, model, Scheduler(model, opts.device), None)
+                executor.rename(name)
+                loaded = _Loaded(name, engine, variant, path, opts, model,
+                                 Scheduler(model, opts.device, name=name, executor=executor), None)
                 loaded.plan = self._plan_for(loaded, None)
                 self._models[name] = loaded
-            while not self._try_admit(loaded, loaded.plan, waitable=end is not None and time.monotonic() < end):
-                self._wait_for_room(None)
+            while not self._try_admit(loaded, loaded.plan, waitable=end is not None and time.monotonic() < end,
+                                      lease=lease):
+                self._wait_for_room(waiter)
         except BaseException:
             with self._lock:
-                if self._models.get(name) is loaded:
-                    del self._models[name]
+                if loaded is not None and self._models.get(name) is loaded:
+                    self._forget(loaded)
+            if loaded is not None:
+                loaded.scheduler.close()
             model.close()
             raise
         self._restore_voices(loaded)
@@ -208,19 +232,65 @@ class Runtime:
         """Close a model and free its memory."""
         with self._lock:
             loaded = self._get(model)
-            if loaded.scheduler.busy:
+            if self._pins.get(model) or loaded.scheduler.busy:
                 raise InvalidRequest(f"model {model} is running a request; finish or close it first")
-            self._drop(loaded)
+            self._pool(loaded.options.device).release(loaded.name)
+            self._forget(loaded)
+        self._close(loaded)
 
-    def _drop(self, loaded: _Loaded) -> None:
-        self._pool(loaded.options.device).release(loaded.name)
+    def _forget(self, loaded: _Loaded) -> None:
+        """Take a model out of the loaded set (under the lock); `_close` it after the lock is released."""
         del self._models[loaded.name]
+        self._pins.pop(loaded.name, None)
+        self._changed.notify_all()
+
+    @staticmethod
+    def _close(loaded: _Loaded) -> None:
+        """Stop the model's executor and close it (joins what they started; outside the lock)."""
+        loaded.scheduler.close()
         loaded.model.close()
 
     def close(self) -> None:
-        """Unload every model."""
-        for name in list(self._models):
-            self._drop(self._models[name])
+        """Cancel the requests still running, then unload every model (joining their threads)."""
+        with self._lock:
+            leases = [lease for pins in self._pins.values() for lease in pins]
+            dropped = list(self._models.values())
+            for loaded in dropped:
+                self._pool(loaded.options.device).release(loaded.name)
+                self._forget(loaded)
+        for lease in leases:
+            lease.cancel("because the runtime is closing")
+        for loaded in dropped:
+            self._close(loaded)
+
+    # ---- leases --------------------------------------------------------------------------------
+    def pin(self, model: str, lease: Lease) -> bool:
+        """Pin a loaded model for `lease` until it is released (never evicted meanwhile); False if not loaded."""
+        with self._lock:
+            if model not in self._models:
+                return False
+            self._pin(model, lease)
+            return True
+
+    def _pin(self, name: str, lease: Lease) -> None:
+        pins = self._pins.setdefault(name, set())
+        if lease in pins:
+            return
+        pins.add(lease)
+        lease.model = name
+        lease.on_release(lambda: self._unpin(name, lease))
+
+    def _unpin(self, name: str, lease: Lease) -> None:
+        with self._changed:
+            pins = self._pins.get(name)
+            if pins is not None:
+                pins.discard(lease)
+            self._changed.notify_all()
+
+    def pins(self, model: str) -> int:
+        """Leases pinning a model now (requests admitted to it and not yet ended)."""
+        with self._lock:
+            return len(self._pins.get(model, ()))
 
     def models(self) -> list[ModelInfo]:
         """The loaded models (as they were when called: a load or an eviction beside it changes the next call's)."""
@@ -233,7 +303,8 @@ class Runtime:
     def _info(self, m: _Loaded) -> ModelInfo:
         return ModelInfo(m.name, m.engine, m.variant, m.path, m.options.device,
                          self._pool(m.options.device).state(m.name) or "host", m.plan.strategy,
-                         m.model.capabilities, m.model.batch_width, m.scheduler.running)
+                         m.model.capabilities, m.model.batch_width, m.scheduler.running,
+                         m.scheduler.executor.failures)
 
     def model(self, model: str) -> Model:
         """The engine's Model object of a loaded model (its stages, capabilities)."""
@@ -310,33 +381,61 @@ class Runtime:
                          tuple(n for n in held if pool.state(n) == "device"),
                          tuple(n for n in held if pool.state(n) == "host"))
 
-    def _admit(self, loaded: _Loaded, plan: Plan, others: int = 0) -> list[Eviction]:
-        """Make room on the device for `plan` (+ `others`: what requests already running hold) and apply it."""
+    def _try_admit(self, loaded: _Loaded, plan: Plan, others: int = 0, waitable: bool = False,
+                   lease: Lease | None = None) -> bool:
+        """Make room on the device for `plan` (+ `others`: what requests already running hold) and apply it
+        (True). False when the room is held by models other leases pin and `waitable`; otherwise the
+        MemoryBudgetError. With a `lease`, the model is pinned for it in the same step.
+
+        Decided under the lock (membership, pins, the pool, the targets); the victims' moves and
+        closes and this model's own moves happen after it is released.
+        """
+        victims: list[tuple[_Loaded, str]] = []
         with self._lock:
-            busy = {n for n, m in self._models.items() if m.scheduler.busy and m is not loaded}
-            evictions = self._pool(loaded.options.device).admit(loaded.name, plan.peak + others, plan.fixed,
-                                                                plan.movable, plan.waiting, busy)
+            if self._models.get(loaded.name) is not loaded:
+                raise ModelUnloaded(f"model {loaded.name} was unloaded: {self._gone.get(loaded.name, 'by its owner')}")
+            busy = {n for n, m in self._models.items()
+                    if m is not loaded and (self._pins.get(n, set()) - {lease} or m.scheduler.busy)}
+            pool = self._pool(loaded.options.device)
+            try:
+                evictions = pool.admit(loaded.name, plan.peak + others, plan.fixed, plan.movable, plan.waiting, busy)
+            except MemoryBudgetError:
+                if waitable and busy and plan.peak + others <= pool.device_budget:
+                    return False
+                raise
             self.evictions += len(evictions)
             for ev in evictions:
                 victim = self._models[ev.model]
                 if ev.action == "offload":
-                    victim.scheduler.offload()
+                    victim.scheduler.target = None
                 else:
-                    del self._models[victim.name]
-                    victim.model.close()
+                    self._forget(victim)
                     self._gone[victim.name] = f"evicted to make room for {loaded.name}"
-            loaded.scheduler.apply(plan)
-            return evictions
+                victims.append((victim, ev.action))
+            loaded.scheduler.target = plan
+            if lease is not None:
+                self._pin(loaded.name, lease)
+        for victim, action in victims:
+            if action == "offload":
+                victim.scheduler.sync()
+            else:
+                self._close(victim)
+        loaded.scheduler.sync()
+        return True
 
     # ---- requests ------------------------------------------------------------------------------
     def synthesize(self, model: str, request: Any = None, *, cancel: threading.Event | None = None,
-                   **fields: Any) -> Iterator[AudioChunk]:
+                   lease: Lease | None = None, **fields: Any) -> Iterator[AudioChunk]:
         """Check the request now, then return an iterator of audio chunks (run as it is consumed).
 
         `request` is a SynthesisRequest, or the text (string or iterator of pieces) with `fields` beside it.
         Setting `cancel` (from any thread) stops the request at its next stage call with
-        RequestCancelled, even inside a non-streaming request's single chunk.
+        RequestCancelled, even inside a non-streaming request's single chunk. A `lease` (instead of
+        `cancel`) carries the request's cancel and deadline into every wait; it may already pin the
+        model (`pin`). The request ends, and the lease is released, when the iterator ends or is closed.
         """
+        if lease is not None and cancel is not None:
+            raise InvalidRequest("pass either cancel or a lease, not both")
         if not isinstance(request, SynthesisRequest):  # text (a string or an iterator of pieces) or None
             try:
                 request = SynthesisRequest(text=request, **fields)
@@ -352,12 +451,15 @@ class Runtime:
             plan = self._plan_for(loaded, request)
         except MemoryBudgetError as e:  # the model fits; this request's working memory does not
             raise RequestTooLarge(f"request refused before it started: {e}") from None
-        return self._stream(loaded, plan, request, cancel)
+        return self._stream(loaded, plan, request, lease if lease is not None else Lease(cancel=cancel))
 
-    def _stream(self, loaded: _Loaded, plan: Plan, request: SynthesisRequest,
-                cancel: threading.Event | None) -> Iterator[AudioChunk]:
-        with self._turn(loaded, plan, request, cancel):
-            yield from loaded.scheduler.execute(request, cancel)
+    def _stream(self, loaded: _Loaded, plan: Plan, request: SynthesisRequest, lease: Lease) -> Iterator[AudioChunk]:
+        lease.plan = plan
+        try:
+            with self._turn(loaded, plan, request, lease):
+                yield from loaded.scheduler.execute(request, lease)
+        finally:
+            lease.release()
 
     def add_voice(self, model: str, voice_id: str, ref_audio: Any, ref_text: str | None = None,
                   persist: bool = True) -> Voice:
@@ -372,8 +474,13 @@ class Runtime:
             raise InvalidRequest(f"model {model} cannot cache voices")
         if not isinstance(voice_id, str) or not voice_id:
             raise InvalidRequest("voice id must be a non-empty string")
-        with self._turn(loaded, loaded.plan), loaded.scheduler.bound():
-            voice = loaded.model.add_voice(voice_id, ref_audio, ref_text)
+        lease = Lease()
+        try:
+            with self._turn(loaded, loaded.plan, None, lease), loaded.scheduler.bound():
+                voice = loaded.scheduler.executor.call(lambda: loaded.model.add_voice(voice_id, ref_audio, ref_text),
+                                                       lease)
+        finally:
+            lease.release()
         if persist and loaded.identity is not None:
             try:
                 self.voice_store.save(voice_id, loaded.identity, loaded.model.export_voice(voice_id), ref_text)
@@ -429,56 +536,43 @@ class Runtime:
             raise InvalidRequest(why)
 
     @contextlib.contextmanager
-    def _turn(self, loaded: _Loaded, plan: Plan, request: SynthesisRequest | None = None,
-              cancel: threading.Event | None = None) -> Iterator[None]:
-        """Hold the model, make room for `plan` and apply it.
+    def _turn(self, loaded: _Loaded, plan: Plan, request: SynthesisRequest | None, lease: Lease) -> Iterator[None]:
+        """Pin the model for the lease, hold it, make room for `plan` and apply it.
 
         A batched model runs several requests at once: one joins only while every request running,
         itself included, still fits its plan's peak beside the others' sequence-stage working memory
         (their KV caches) in the device budget; the model is admitted for what they need together.
-        When the room is held by other models' running requests (in other threads), the request
-        waits for them, holding nothing, until `cancel` is set.
+        When the room is held by models other requests pin, the request waits for them, holding
+        its pin only, until its lease's cancel or deadline.
         """
         reserve, budget = 0, None
         if loaded.model.batch_width > 1 and request is not None:
             budget = self._pool(loaded.options.device).device_budget
             reserve = sum(s.working_memory(request) for s in loaded.model.stages if s.kind == "sequence")
+        with self._lock:
+            if self._models.get(loaded.name) is not loaded:
+                raise ModelUnloaded(f"model {loaded.name} was unloaded: "
+                                    f"{self._gone.get(loaded.name, 'by its owner')}")
+            self._pin(loaded.name, lease)
         while True:
-            with loaded.scheduler.hold(f"model {loaded.name}", reserve, plan.peak, budget, cancel):
-                if loaded.name not in self._models:
-                    raise ModelUnloaded(f"model {loaded.name} was unloaded: "
-                                        f"{self._gone.get(loaded.name, 'by its owner')}")
+            with loaded.scheduler.hold(lease, f"model {loaded.name}", reserve, plan.peak, budget):
                 others = loaded.scheduler.together() - plan.peak
-                if self._try_admit(loaded, plan, others, waitable=True):
+                if self._try_admit(loaded, plan, others, waitable=True, lease=lease):
                     try:
                         yield
                     finally:
-                        with self._room:
-                            self._room.notify_all()
+                        with self._changed:
+                            self._changed.notify_all()
                     return
-            self._wait_for_room(cancel)
+            self._wait_for_room(lease)
 
-    def _try_admit(self, loaded: _Loaded, plan: Plan, others: int = 0, waitable: bool = False) -> bool:
-        """Admit `loaded` (True); False when the room it needs is held by requests another thread runs and
-        `waitable`; otherwise the MemoryBudgetError."""
-        try:
-            self._admit(loaded, plan, others)
-            return True
-        except MemoryBudgetError:
-            me = threading.get_ident()
-            fits = plan.peak + others <= self._pool(loaded.options.device).device_budget
-            others_busy = any(m is not loaded and m.scheduler.busy and not m.scheduler.holds(me)
-                              for m in list(self._models.values()))
-            if waitable and fits and others_busy:
-                return False
-            raise
-
-    def _wait_for_room(self, cancel: threading.Event | None) -> None:
-        """Wait a little for a request to leave a model (`cancel` set: RequestCancelled)."""
-        with self._room:
-            self._room.wait(ROOM_POLL_S)
-        if cancel is not None and cancel.is_set():
-            raise RequestCancelled("the request was cancelled while waiting for memory held by other models")
+    def _wait_for_room(self, lease: Lease) -> None:
+        """Wait a little for a lease to let go of a model (the lease's end: RequestCancelled)."""
+        where = "while waiting for memory held by other models"
+        with self._changed:
+            lease.check(where)
+            self._changed.wait(ROOM_POLL_S)
+        lease.check(where)
 
 
 __all__ = ["Runtime", "ModelInfo", "Admission", "Rehearsal", "SynthesisRequest", "MemoryBudgetError"]

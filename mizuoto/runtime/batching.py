@@ -9,7 +9,7 @@ rows together, in one step of fixed width W (empty rows are zeros), attention pe
 that row's own KV cache. Tokens go to the request through a queue as they are drawn, so the
 rows' steps never wait for a request's flow and vocoder work; that work runs on the loop's
 thread too (`call`), alternating with the steps, so all of the model's heavy compute runs on one
-long-lived thread.
+long-lived thread: the batch loop is the model's executor (`runtime.executor.Executor`).
 
 Why the width is fixed: on the CPU a row of a linear layer at batch 1 differs in the last bits
 from the same row at batch 2, and batch 16 from batches 2-8; at one fixed width a row's result
@@ -22,9 +22,10 @@ the cache, sized as its options say); a row leaves when its sequence ends, freei
 
 A row moves through explicit states (PRODUCING, WAITING, PENDING, RUNNING, FINISHED below). The
 loop copies what a pass reads when it takes the work, under the condition, so a consumer that
-leaves mid-pass ends its own row only. An error in a forward pass goes to that pass's rows; a
-failure of the loop itself goes to every request waiting on it, and the loop goes on. close()
-answers everything still waiting and joins the loop.
+leaves mid-pass ends its own row only. Every wait of a request (a place in the batch, its row's
+pass, a call, its next token) takes the request's lease and ends with it. An error in a forward
+pass goes to that pass's rows; a failure of the loop itself goes to every request waiting on it,
+and the loop goes on. close() answers everything still waiting and joins the loop.
 
 On the CPU the loop packs the decoder's layers when it starts, on its own thread before its
 first pass (`mizuoto.nn.lm.packed_linear`: weights in column blocks, products 2x faster at 8
@@ -36,7 +37,6 @@ the first, the bench's single-request table still times upstream's loop on it).
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
 import queue
@@ -46,8 +46,10 @@ from typing import Any
 
 import torch
 
-from mizuoto.errors import MizuotoError, RequestCancelled
-from mizuoto.runtime.decode import GraphBatchStep
+from mizuoto.errors import RequestCancelled
+from mizuoto.runtime.decode import BatchStep
+from mizuoto.runtime.executor import JOIN_S, Executor
+from mizuoto.runtime.lease import POLL_S, Lease
 from mizuoto.nn.lm.packed_linear import pack_linears
 from mizuoto.nn.lm.qwen import QwenDecoder
 from mizuoto.nn.lm.sampling import FastSampler
@@ -57,25 +59,11 @@ log = logging.getLogger("mizuoto.runtime")
 # How long the batch loop waits for a row still drawing its token before stepping without it.
 # A row that misses a step joins the next one: results do not depend on it, only throughput.
 STRAGGLER_WAIT_S = 0.05
-POLL_S = 0.1  # how often a waiting request looks at its cancel event
-JOIN_S = 10.0  # how long close() waits for the loop's current pass, and a leaving consumer for its producer
 _END = object()
 
 
 class _Stopped(RequestCancelled):
     """The request consuming a row went away; its producer unwinds."""
-
-
-class _Call:
-    """A function waiting for the loop's thread, and then its outcome."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self.fn, self.result, self.error = fn, None, None
-        self.done = threading.Event()
-
-    def finish(self, result: Any, error: BaseException | None) -> None:
-        self.result, self.error = result, error
-        self.done.set()
 
 
 # A row's states. The producer (the request's token loop) moves a row from PRODUCING to PENDING by
@@ -89,13 +77,13 @@ FINISHED = "finished"    # the consumer left or the row's sequence ended
 
 
 class Row:
-    """One sequence's place in the batch; `DecodeSteps`' interface for the engine's token loop.
+    """One sequence's place in the batch; implements `decode.TokenSteps` for the engine's token loop.
 
     Every field but `cache` and `sampler` is read and written under the batcher's condition.
     """
 
-    def __init__(self, batcher: "DecodeBatcher", index: int) -> None:
-        self.batcher, self.index = batcher, index
+    def __init__(self, batcher: "DecodeBatcher", index: int, lease: Lease | None) -> None:
+        self.batcher, self.index, self.lease = batcher, index, lease
         self.cache: Any = None
         self.sampler = batcher.sampler
         self.state = PRODUCING
@@ -110,7 +98,7 @@ class Row:
 
     def compute(self, fn: Callable[[], Any]) -> Any:
         """fn() on the batch loop's thread (the engine builds its LM input there: no OpenMP team here)."""
-        return self.batcher.call(fn)
+        return self.batcher.call(fn, self.lease)
 
     def scores(self, inputs: torch.Tensor) -> torch.Tensor:
         """Feed (1, T, hidden) inputs; the head's output for the last position, once the loop has run it."""
@@ -122,7 +110,7 @@ class Row:
             self.done.clear()
             self.pending, self.state = inputs, PENDING
             b.cond.notify_all()
-        b.wait_for(self.done)
+        b.wait_for(self.done, self.lease, "while its LM step ran")
         result, self.result = self.result, None
         if isinstance(result, BaseException):
             raise result
@@ -159,7 +147,7 @@ class _Pass:
         row.state, row.pending = RUNNING, None
 
 
-class DecodeBatcher:
+class DecodeBatcher(Executor):
     """Shares `decoder`'s one-token steps among up to `width` sequences (see the module docstring).
 
     `head` maps normed hidden states (B, T, hidden) to scores, (V,) for B = 1 and (B, V) else;
@@ -167,29 +155,28 @@ class DecodeBatcher:
     `sampler` draws as the unbatched loop does (its fast on-device form on CUDA); `pack`: pack the
     layers (`nn.lm.packed_linear`; only float32 CPU weights are packed); `cuda_graphs`: on CUDA,
     replay each step's row-independent parts as CUDA graphs captured at the width
-    (`runtime.decode.GraphBatchStep`; the same results as eager steps).
+    (`runtime.decode.BatchStep`; the same results as eager steps).
     """
+
+    label = "LM batch loop"
+    thread_suffix = "batch"
 
     def __init__(self, decoder: QwenDecoder, head: Callable[[torch.Tensor], torch.Tensor], width: int,
                  gate: Callable[[], contextlib.AbstractContextManager], sampler: Any, name: str = "lm",
                  pack: bool = True, cuda_graphs: bool = False) -> None:
         if width < 2:
             raise ValueError(f"a batch needs a width of at least 2, got {width}")
+        super().__init__(name)
         self.decoder, self.head, self.width, self.gate = decoder, head, width, gate
         fast = decoder.embed_tokens.weight.device.type == "cuda"
         self._pack = pack
-        self.batch_step = GraphBatchStep(decoder, head, width, graphs=cuda_graphs)  # step_rows unless captured
+        self.batch_step = BatchStep(decoder, head, width, graphs=cuda_graphs)  # step_rows unless captured
         self.packed = 0  # layers packed, once the loop has started (CPU float32 only)
         self.sampler = FastSampler.like(sampler) if fast else sampler
-        self.name = name
         self.rows: list[Row | None] = [None] * width
-        self.cond = threading.Condition()
-        self.closed = False
         self.steps = 0           # batched steps run
         self.row_steps = 0       # rows served by them (occupancy = row_steps / (steps * width))
         self.prefills = 0
-        self._thread: threading.Thread | None = None
-        self._calls: collections.deque[_Call] = collections.deque()
         self._last = ""  # the kind of work run last ("call" or a step), to alternate them
 
     # -- requests -------------------------------------------------------------------------------
@@ -198,14 +185,13 @@ class DecodeBatcher:
         """Rows in use now."""
         return sum(r is not None for r in self.rows)
 
-    def run(self, produce: Callable[[Row], Iterator[int]],
-            cancelled: Callable[[], bool] = lambda: False) -> Iterator[int]:
+    def run(self, produce: Callable[[Row], Iterator[int]], lease: Lease | None = None) -> Iterator[int]:
         """Yield the tokens of `produce(row)` (the engine's token loop, given `steps=row`) run in a row.
 
-        Waits for a free row first. `cancelled()` is polled while waiting; closing the iterator
-        (or a cancel) stops the producer at its next step and frees the row.
+        Waits for a free row first. The lease ends that wait and the wait for each token;
+        closing the iterator (or the lease's end) stops the producer at its next step and frees the row.
         """
-        row = self._join(cancelled)
+        row = self._join(lease)
         tokens: queue.Queue = queue.Queue()
 
         def producer() -> None:
@@ -225,8 +211,8 @@ class DecodeBatcher:
                 try:
                     item = tokens.get(timeout=POLL_S)
                 except queue.Empty:
-                    if cancelled():
-                        raise RequestCancelled("the request was cancelled while its LM ran") from None
+                    if lease is not None:
+                        lease.check("while its LM ran")
                     continue
                 if item is _END:
                     return
@@ -244,77 +230,23 @@ class DecodeBatcher:
             if not waiting:  # it stops at its next input, within a pass; one waiting for streamed
                 thread.join(JOIN_S)  # text stops when that text source ends, and is not waited for
 
-    def call(self, fn: Callable[[], Any]) -> Any:
-        """fn() run on the batch loop's thread between two steps (a request's flow or vocoder call); its result.
-
-        All of a batched model's heavy compute then runs on one long-lived thread: one OpenMP team
-        (docs/performance.md, "Threads"). Calls and steps alternate, so a call holds the rows' next
-        step back by at most its own duration.
-        """
-        if threading.current_thread() is self._thread:  # already on it (a call inside a call)
-            return fn()
-        job = _Call(fn)
+    def _join(self, lease: Lease | None) -> Row:
         with self.cond:
-            self.check_open()
-            self._start()
-            self._calls.append(job)
-            self.cond.notify_all()
-        self.wait_for(job.done)
-        if job.error is not None:
-            raise job.error
-        return job.result
-
-    def _start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name=f"mizuoto-{self.name}-batch", daemon=True)
-            self._thread.start()
-
-    def check_open(self) -> None:
-        """Raise RequestCancelled if the batch was closed (under the condition)."""
-        if self.closed:
-            raise RequestCancelled(f"{self.name}: the model was closed")
-
-    def wait_for(self, event: threading.Event) -> None:
-        """Wait for `event`, which the loop (or close) sets; an error if the loop is gone without setting it.
-
-        The loop delivers a result, or its own failure, to everything it took, and close() to
-        everything still waiting, so this only guards against a loop thread ended from outside.
-        """
-        while not event.wait(POLL_S):
-            thread = self._thread
-            if thread is not None and not thread.is_alive() and not event.is_set():
-                raise MizuotoError(f"{self.name}: the batch loop ended without answering")
-
-    def _join(self, cancelled: Callable[[], bool]) -> Row:
-        with self.cond:
-            while True:
+            def free() -> bool:
                 self.check_open()
-                free = [i for i, r in enumerate(self.rows) if r is None]
-                if free:
-                    row = self.rows[free[0]] = Row(self, free[0])
-                    self._start()
-                    return row
-                if cancelled():
-                    raise RequestCancelled("the request was cancelled while waiting for a place in the batch")
-                self.cond.wait(POLL_S)
+                return any(r is None for r in self.rows)
+            (lease or Lease()).wait_for(self.cond, free, "while waiting for a place in the batch")
+            index = self.rows.index(None)
+            row = self.rows[index] = Row(self, index, lease)
+            self._start()
+            return row
 
     def _leave(self, row: Row) -> None:
         with self.cond:
             row.state = FINISHED
-            self.rows[row.index] = None
+            if self.rows[row.index] is row:
+                self.rows[row.index] = None
             self.cond.notify_all()
-
-    def close(self) -> None:
-        """Stop the loop and join it; rows still running get RequestCancelled at their next input, waiting calls too."""
-        with self.cond:
-            self.closed = True
-            self._fail_waiting(RequestCancelled(f"{self.name}: the model was closed"))
-            self.cond.notify_all()
-            thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(JOIN_S)  # it ends after its current pass
-            if thread.is_alive():
-                log.warning("%s: the batch loop is still in a pass %.0f s after close", self.name, JOIN_S)
 
     # -- the loop ---------------------------------------------------------------------------------
     def _deliver(self, row: Row, result: Any) -> None:
@@ -336,8 +268,25 @@ class DecodeBatcher:
         for row in self.rows:
             if row is not None and row.state == PENDING:
                 self._deliver(row, error)
-        while self._calls:
-            self._calls.popleft().finish(None, error)
+        super()._fail_waiting(error)
+
+    def _fail_work(self, kind: str, item: Any, error: BaseException) -> None:
+        if kind == "call":
+            super()._fail_work(kind, item, error)
+        else:
+            for p in item:
+                self._answer(p.row, error)
+
+    def _prepare(self) -> None:
+        if self._pack:
+            try:
+                self.packed = pack_linears(self.decoder.layers)
+            except Exception:  # the dense layers still work, only slower
+                log.exception("%s: packing the LM's layers for the batch failed; they stay as they are", self.name)
+
+    def _idle_timeout(self) -> float | None:
+        # a row still drawing its token: wait a little for it, then step without it
+        return STRAGGLER_WAIT_S if any(r is not None and r.state == PENDING for r in self.rows) else None
 
     def _work(self, waited: bool) -> tuple[str, Any] | None:
         """What to run next (under the condition): prefills first, then calls and steps in turn.
@@ -355,43 +304,11 @@ class DecodeBatcher:
             return "call", self._calls.popleft()
         return ("step", [_Pass(r) for r in pending]) if step_ready else None
 
-    def _loop(self) -> None:
-        if self._pack:
-            try:
-                self.packed = pack_linears(self.decoder.layers)
-            except Exception:  # the dense layers still work, only slower
-                log.exception("%s: packing the LM's layers for the batch failed; they stay as they are", self.name)
-        while True:
-            work = None
-            try:
-                with self.cond:
-                    waited = False
-                    while not self.closed and (work := self._work(waited)) is None:
-                        pending = any(r is not None and r.state == PENDING for r in self.rows)
-                        # a row still drawing its token: wait a little for it, then step without it
-                        waited = not self.cond.wait(STRAGGLER_WAIT_S if pending else None) and pending
-                    if self.closed:
-                        return
-                self._run(*work)
-            except BaseException as e:  # the loop's own failure: every waiter hears of it, the loop goes on
-                log.exception("%s: the batch loop failed; its waiting requests get the error", self.name)
-                error = MizuotoError(f"{self.name}: the LM batch loop failed: {e!r}")
-                with self.cond:
-                    if work is not None and work[0] != "call":
-                        for item in work[1]:
-                            self._answer(item.row, error)
-                    elif work is not None and not work[1].done.is_set():
-                        work[1].finish(None, error)
-                    self._fail_waiting(error)
-
     def _run(self, kind: str, items: Any) -> None:
         """One unit of work: a call, or a pass over the rows taken (each row gets its own result)."""
         self._last = kind
         if kind == "call":
-            try:
-                items.finish(items.fn(), None)
-            except BaseException as e:  # handed to the caller
-                items.finish(None, e)
+            super()._run(kind, items)
             return
         try:
             with torch.inference_mode(), self.gate():

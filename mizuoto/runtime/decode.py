@@ -7,16 +7,16 @@ L - 1 times [layer i-1 after attention, layer i up to attention, cache write], a
 [last layer after attention, final norm, output head]; between them the L attention calls run
 eagerly. The draw is a further graph (`GraphDraw`). Nothing here reads the device from the
 host: the only wait per token is the caller's read of the drawn token. A continuous batch's
-step (`GraphBatchStep`) is cut the same way at its fixed width, with each row's cache write
+step (`BatchStep`) is cut the same way at its fixed width, with each row's cache write
 and attention between the graphs.
 
 Where graphs can't run (or are off) `GraphDecodeStep` runs the same ops eagerly, which is how
-it is tested on the CPU against `QwenDecoder.forward`; `GraphBatchStep` is then `step_rows`.
+it is tested on the CPU against `QwenDecoder.forward`; `BatchStep` is then `step_rows`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 import torch
 
@@ -126,8 +126,9 @@ class GraphDecodeStep:
         return out
 
 
-class GraphBatchStep:
-    """`step(x, caches) -> scores (W, V)`: `QwenDecoder.step_rows` + `head` at a fixed width W, as CUDA graphs.
+class BatchStep:
+    """`step(x, caches) -> scores (W, V)`: `QwenDecoder.step_rows` + `head` at a fixed width W, as CUDA graphs
+    where they can run (`graphs`, on CUDA), else eagerly.
 
     x is (W, 1, hidden), row r after `caches[r]` (None: an empty row). What treats every row the
     same (RoPE, norms, projections, MLP, the head) is L + 1 graphs at width W, as in
@@ -256,6 +257,22 @@ class GraphDraw:
         return self.sampler.finish(int(token.item()), scores, decoded, generator)
 
 
+class TokenSteps(Protocol):
+    """What an engine's token loop drives: `DecodeSteps` alone, or a `runtime.batching.Row` in a batch."""
+
+    def attach(self, cache: Any) -> "TokenSteps":
+        """Decode over `cache` (the KV cache the engine made for this sequence); returns the steps."""
+
+    def scores(self, inputs: torch.Tensor) -> torch.Tensor:
+        """Feed (1, T, hidden) inputs; the head's output for the last position."""
+
+    def draw(self, scores: torch.Tensor, decoded: Sequence[int], generator: torch.Generator | None) -> int:
+        """One token id from `scores`."""
+
+    def external(self, items: Iterable[Any]) -> Iterable[Any]:
+        """`items` the loop waits for between steps (streamed text)."""
+
+
 class DecodeSteps:
     """A decode loop's scores and draws, as fast as the device allows, with upstream's tokens.
 
@@ -275,6 +292,13 @@ class DecodeSteps:
         why_not = None if isinstance(cache, StaticKVCache) else "it needs compute.kv_cache=static"
         self.graphs = use_cuda_graphs(cuda_graphs, device, what, why_not)
         self.step: GraphDecodeStep | None = None
+
+    def attach(self, cache) -> "DecodeSteps":
+        """Decode over `cache` (before the first step: graphs are captured over the cache they start with)."""
+        if self.step is not None:
+            raise ValueError("attach a cache before the first step")
+        self.cache = cache
+        return self
 
     def scores(self, inputs: torch.Tensor) -> torch.Tensor:
         """Feed (1, T, hidden) inputs; the head's output for the last position (may be a static buffer)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import inspect
 import math
 import os
 import threading
@@ -306,6 +307,10 @@ class Model(abc.ABC):
     # Requests the model runs at once: above 1 its sequence stage batches them (runtime.batching)
     # and its stage calls take turns (one `use` block at a time).
     batch_width: int = 1
+    # A batched model's own executor (its batch loop): the engine submits its stage calls there
+    # with the request's lease. None: the runtime runs each step of `synthesize`'s iterator on an
+    # executor of its own, one request at a time.
+    executor: Any = None
 
     def voices(self) -> list[Voice]:
         """Preset and cached voices."""
@@ -313,7 +318,12 @@ class Model(abc.ABC):
 
     @abc.abstractmethod
     def synthesize(self, request: SynthesisRequest) -> Iterator[AudioChunk]:
-        """Yield audio chunks for a request whose mode is resolved and checked against capabilities."""
+        """Yield audio chunks for a request whose mode is resolved and checked against capabilities.
+
+        An engine that declares a `lease` keyword gets the request's `runtime.lease.Lease` (as
+        pluggy passes a hook implementation only the arguments it names): a batched model hands it
+        to every wait and stage call of its own (`DecodeBatcher.run`, `call`, `use(stage, lease)`).
+        """
 
     def add_voice(self, voice_id: str, ref_audio: AudioSource, ref_text: str | None = None) -> Voice:
         """Cache a voice prompt under `voice_id` (only when capabilities.voice_cache)."""
@@ -334,23 +344,26 @@ class Model(abc.ABC):
     def close(self) -> None:
         """Release what the model holds; it is not used afterwards."""
 
-    def bind(self, gate: Callable[[str], contextlib.AbstractContextManager] | None) -> None:
+    def bind(self, gate: Callable[..., contextlib.AbstractContextManager] | None) -> None:
         """Install the scheduler's stage gate (None: run where the modules are)."""
         self._gate = gate
 
     @contextlib.contextmanager
-    def use(self, stage: str, hold: bool = True) -> Iterator[torch.device]:
+    def use(self, stage: str, lease: Any = None) -> Iterator[torch.device]:
         """Run the block with `stage`'s modules placed as planned; yields the device they are on.
 
-        `hold=False`: the block computes nothing itself (it waits for a batch loop that holds the
-        stage in its own `use`); only the request's cancel is checked.
+        `lease` (a `runtime.lease.Lease`): the request the call is for; its cancel or deadline
+        raises RequestCancelled here, before the stage runs. Without one, the gate checks the
+        lease of the executor call the block runs in, if any.
         """
-        turn = self.turn_lock() if hold and self.batch_width > 1 else contextlib.nullcontext()
+        turn = self.turn_lock() if self.batch_width > 1 else contextlib.nullcontext()
         with turn:
             if self._gate is None:
+                if lease is not None:
+                    lease.check(f"before its {stage} stage call")
                 yield stage_device(self.stage(stage))
                 return
-            with (self._gate(stage) if hold else self._gate(stage, hold=False)) as device:
+            with self._gate(stage, lease) as device:
                 yield device
 
     def turn_lock(self) -> threading.RLock:
@@ -365,6 +378,14 @@ class Model(abc.ABC):
             if s.name == name:
                 return s
         raise InvalidRequest(f"{type(self).__name__} has no stage {name!r}")
+
+
+def takes_lease(model: Model) -> bool:
+    """Whether the model's `synthesize` names a `lease` keyword (the runtime then passes the request's)."""
+    try:
+        return "lease" in inspect.signature(model.synthesize).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def stage_device(stage: Stage) -> torch.device:

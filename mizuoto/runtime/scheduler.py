@@ -1,59 +1,77 @@
-"""Runs requests through one model's stages, moving stage modules between host and device as its plan says.
+"""Runs requests through one model's stages on its executor, moving stage modules as its plan says.
 
-Cancellation: a request run with a `cancel` event raises RequestCancelled at its next stage
-call (every `use(stage)`) once the event is set.
+Leases: every request holds the model with its lease (`runtime.lease`), and every wait here
+(its turn, a compute call) ends with that lease's cancel or deadline. A stage call checks the
+lease it was given (`Model.use(stage, lease)`), or the lease of the executor call it runs in.
+
+Executor: all of a model's heavy compute runs on one long-lived thread (`runtime.executor`). A
+model whose LM batches brings its own (its batch loop, `Model.executor`) and submits its stage
+calls itself; for any other model the scheduler makes an Executor and runs each step of the
+engine's chunk iterator there (width 1: one request at a time, so its steps run in order).
 
 Concurrency: `model.batch_width` requests at a time per model (one, unless its sequence stage
-batches), each held from its first chunk until its generator finishes or is closed; other
-threads wait their turn in arrival order: none overtakes an earlier one that is still waiting
+batches), each held from its first chunk until its iterator finishes or is closed; other
+requests wait their turn in arrival order: none overtakes an earlier one that is still waiting
 (for a row, or for room beside the running ones), so a large request is not starved by a
 stream of small ones that would each fit. A thread that opens a second stream on a model while
 its first is still open gets an error instead of a deadlock. A batched request may also wait for
 room: `hold(peak=..., budget=...)` admits it only while every holder, the joiner included, still
 fits its own peak beside the others' working memory (checking the joiner alone would let a small
 request join beside a large one that then no longer fits).
+
+Placement: the runtime decides a model's target (a plan, or offloaded) under its own lock and
+calls `sync()` outside it; `sync` and a stage call's moves take the model's turn lock (batched
+models) and then this scheduler's move lock, in that order, so whichever thread syncs last
+leaves the modules where the latest target says.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
-from mizuoto.runtime.engine import AudioChunk, Model, SynthesisRequest
-from mizuoto.errors import InvalidRequest, RequestCancelled
+from mizuoto.runtime.engine import AudioChunk, Model, SynthesisRequest, takes_lease
+from mizuoto.errors import InvalidRequest
+from mizuoto.runtime.executor import JOIN_S, Executor
+from mizuoto.runtime.lease import Lease
 from mizuoto.runtime.memory import Plan
 
-CANCEL_POLL_S = 0.1  # how often a request waiting for its turn looks at its cancel event
+log = logging.getLogger("mizuoto.runtime")
+_END = object()
 
 
 class Scheduler:
     """Owns the placement of one model's movable modules; `trace` records every move as (stage, "device" | "host")."""
 
-    def __init__(self, model: Model, device: str | torch.device, host: str | torch.device = "cpu"):
+    def __init__(self, model: Model, device: str | torch.device, host: str | torch.device = "cpu",
+                 name: str = "model", executor: Executor | None = None):
         self.model = model
         self.device = torch.device(device)
         self.host = torch.device(host)
-        self.plan: Plan | None = None
+        self.plan: Plan | None = None  # the plan the modules are placed for now
+        self.target: Plan | None = None  # the plan the runtime chose last (None: offloaded)
         self.trace: list[tuple[str, str]] = []
         self._on_device: set[str] = set()
         self._cond = threading.Condition()
-        self._owners: set[int] = set()  # threads holding the model
-        self._cancels: dict[int, threading.Event | None] = {}  # each bound thread's request's
-        self._held: dict[int, tuple[int, int]] = {}  # (peak, reserve) of each holder (batched models)
-        self._queue: collections.deque[int] = collections.deque()  # waiting threads, first come first
+        self._moves = threading.RLock()
+        self._owners: dict[Lease, tuple[int, int]] = {}  # (peak, reserve) of each holder
+        self._threads: dict[Lease, int] = {}  # the thread each holder iterates in (to refuse a self-deadlock)
+        self._queue: collections.deque[Lease] = collections.deque()  # waiting requests, first come first
+        self._bound = 0
+        own = getattr(model, "executor", None)
+        # `executor`: the one the model was loaded on, kept for its requests (unless it brings its own)
+        self.executor: Executor = own if own is not None else executor if executor is not None else Executor(name)
+        self._runs_chunks = own is None  # the engine submits its own compute to a batched executor
 
     @property
     def busy(self) -> bool:
-        """True while a request runs."""
+        """True while a request holds the model."""
         return bool(self._owners)
-
-    def holds(self, thread: int) -> bool:
-        """Whether `thread` (an ident) holds the model now."""
-        return thread in self._owners
 
     @property
     def running(self) -> int:
@@ -68,98 +86,136 @@ class Scheduler:
     def together(self, joiner: tuple[int, int] | None = None) -> int:
         """Device bytes the holders (and `joiner`, as (peak, reserve)) need at once: each one's peak beside
         the others' reserves, at the largest."""
-        rows = [*self._held.values(), *([joiner] if joiner else [])]
+        with self._cond:
+            rows = [*self._owners.values(), *([joiner] if joiner else [])]
         if not rows:
             return 0
         return max(p - r for p, r in rows) + sum(r for _, r in rows)
 
     @contextlib.contextmanager
-    def hold(self, name: str = "model", reserve: int = 0, peak: int = 0,
-             budget: int | None = None, cancel: threading.Event | None = None) -> Iterator[None]:
+    def hold(self, lease: Lease, name: str = "model", reserve: int = 0, peak: int = 0,
+             budget: int | None = None) -> Iterator[None]:
         """Hold the model for one request of `peak` bytes that keeps `reserve` of them while others run beside it;
-        with a `budget`, it joins a running batch only while `together()` stays within it. Setting
-        `cancel` while it waits for its turn ends the wait with RequestCancelled (within CANCEL_POLL_S)."""
+        with a `budget`, it joins a running batch only while `together()` stays within it. The lease's
+        cancel or deadline ends the wait for a turn (RequestCancelled)."""
         me = threading.get_ident()
-        if me in self._owners:
-            raise InvalidRequest(f"a request on {name} is still open in this thread; finish or close it first")
         width = max(1, self.model.batch_width)
         with self._cond:
-            self._queue.append(me)
+            if me in self._threads.values():
+                raise InvalidRequest(f"a request on {name} is still open in this thread; finish or close it first")
+            self._queue.append(lease)
+
+            def turn() -> bool:
+                if self._queue[0] is not lease or len(self._owners) >= width:
+                    return False
+                return not (self._owners and budget is not None and self._together((peak, reserve)) > budget)
             try:
-                while self._queue[0] != me or len(self._owners) >= width or (
-                        self._owners and budget is not None and self.together((peak, reserve)) > budget):
-                    if cancel is not None and cancel.is_set():
-                        raise RequestCancelled(f"the request was cancelled while waiting for its turn on {name}")
-                    self._cond.wait(CANCEL_POLL_S if cancel is not None else None)
+                lease.wait_for(self._cond, turn, f"while waiting for its turn on {name}")
             finally:
-                self._queue.remove(me)
+                self._queue.remove(lease)
                 self._cond.notify_all()  # the next in line may fit now (or the line moved on without me)
-            self._owners.add(me)
-            self._held[me] = (max(peak, reserve), reserve)
+            self._owners[lease] = (max(peak, reserve), reserve)
+            self._threads[lease] = me
         try:
             yield
         finally:
             with self._cond:
-                self._owners.discard(me)
-                self._held.pop(me, None)
+                self._owners.pop(lease, None)
+                self._threads.pop(lease, None)
                 self._cond.notify_all()
 
+    def _together(self, joiner: tuple[int, int]) -> int:
+        rows = [*self._owners.values(), joiner]
+        return max(p - r for p, r in rows) + sum(r for _, r in rows)
+
+    # -- placement --------------------------------------------------------------------------------
     def apply(self, plan: Plan) -> None:
-        """Adopt `plan`: pinned stages onto the device, the others out to the host."""
-        with self._turn():
-            self._apply(plan)
+        """Adopt `plan` now: pinned stages onto the device, the others out to the host."""
+        self.target = plan
+        self.sync()
+
+    def offload(self) -> None:
+        """Every movable module to the host now (fixed ones stay)."""
+        self.target = None
+        self.sync()
+
+    def sync(self) -> None:
+        """Move the modules where the latest target says (the runtime set it under its lock)."""
+        with self._turn(), self._moves:
+            plan = self.target
+            if plan is None:
+                for name in self._resident(()):
+                    self._move(name, False)
+                self.plan = None
+                return
+            self.plan = plan
+            for name in self._resident(plan.pinned):
+                self._move(name, False)
+            for name in plan.pinned:
+                if name not in self._on_device:
+                    self._move(name, True)
 
     def _turn(self) -> contextlib.AbstractContextManager:
         # a batched model may be running other requests' stage calls: moves wait for their turn
         return self.model.turn_lock() if self.model.batch_width > 1 else contextlib.nullcontext()
 
-    def _apply(self, plan: Plan) -> None:
-        self.plan = plan
-        for name in self._resident(plan.pinned):
-            self._move(name, False)
-        for name in plan.pinned:
-            if name not in self._on_device:
-                self._move(name, True)
+    # -- running ----------------------------------------------------------------------------------
+    def execute(self, request: SynthesisRequest, lease: Lease) -> Iterator[AudioChunk]:
+        """Run the request under the current plan (call inside `hold`); the lease stops it at a stage call."""
+        with self.bound():
+            if not self._runs_chunks:
+                yield from self._synthesize(request, lease)
+                return
+            chunks = self.executor.call(lambda: iter(self._synthesize(request, lease)), lease)
+            try:
+                while (chunk := self.executor.call(lambda: next(chunks, _END), lease)) is not _END:
+                    yield chunk
+            finally:
+                # the engine's cleanup runs where its work ran; a step still running for this
+                # request reaches its next stage call (which sees the lease) before this runs
+                self.run_bounded(chunks.close)
 
-    def offload(self) -> None:
-        """Every movable module to the host (fixed ones stay)."""
-        with self._turn():
-            self._offload()
+    def _synthesize(self, request: SynthesisRequest, lease: Lease) -> Iterator[AudioChunk]:
+        if takes_lease(self.model):
+            return self.model.synthesize(request, lease=lease)
+        return self.model.synthesize(request)
 
-    def _offload(self) -> None:
-        for name in self._resident(()):
-            self._move(name, False)
-        self.plan = None
+    def run_bounded(self, fn: Callable[[], object], timeout: float = JOIN_S) -> None:
+        """fn() on the executor, waited for at most `timeout` s (it still runs later if the wait ends);
+        a failure is logged, not raised (this runs in `finally` blocks)."""
+        try:
+            self.executor.call(fn, Lease(timeout))
+        except Exception as e:
+            log.warning("%s: closing a request on its executor: %s", self.executor.name, e)
 
-    def execute(self, request: SynthesisRequest, cancel: threading.Event | None = None) -> Iterator[AudioChunk]:
-        """Run the request under the current plan (call inside `hold`); `cancel` stops it at a stage call."""
-        with self.bound(cancel):
-            yield from self.model.synthesize(request)
+    def close(self) -> None:
+        """Stop and join the executor this scheduler made (a model's own one closes with the model)."""
+        if self._runs_chunks:
+            self.executor.close()
 
     @contextlib.contextmanager
-    def bound(self, cancel: threading.Event | None = None) -> Iterator[None]:
+    def bound(self) -> Iterator[None]:
         """Let the model's `use(stage)` calls go through this scheduler's gate during the block."""
-        me = threading.get_ident()
         with self._cond:
-            if not self._cancels:
+            if not self._bound:
                 self.model.bind(self._gate)
-            self._cancels[me] = cancel
+            self._bound += 1
         try:
             yield
         finally:
             with self._cond:
-                self._cancels.pop(me, None)
-                if not self._cancels:
+                self._bound -= 1
+                if not self._bound:
                     self.model.bind(None)
 
     @contextlib.contextmanager
-    def _gate(self, stage: str, hold: bool = True) -> Iterator[torch.device]:
-        cancel = self._cancels.get(threading.get_ident())
-        if cancel is not None and cancel.is_set():
-            raise RequestCancelled(f"the request was cancelled before its {stage} stage call")
+    def _gate(self, stage: str, lease: Lease | None = None) -> Iterator[torch.device]:
+        lease = lease if lease is not None else self.executor.running_lease()
+        if lease is not None:
+            lease.check(f"before its {stage} stage call")
         if self.plan is None:
             raise InvalidRequest("no plan applied to this model")
-        if hold:  # a batched model's turn lock is held here (Model.use): moves never overlap compute
+        with self._moves:  # a batched model's turn lock is held here (Model.use): moves never overlap compute
             wanted = self.plan.group_of(stage)
             for name in self._resident(wanted):
                 self._move(name, False)

@@ -3,8 +3,8 @@
 A request is admitted on the event loop (`enter`, which never blocks): it gets a ticket that is
 either granted at once (a slot was free and nobody was waiting) or waits in the queue. The job's
 worker thread then blocks in `wait` until a finishing job hands it its slot (slots pass straight to
-the oldest waiter, so a newcomer never overtakes the line), its client leaves, or the queue timeout
-passes.
+the oldest waiter, so a newcomer never overtakes the line), its request's lease ends (the client
+left, the deadline passed, the server stops), or the queue timeout passes.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import threading
 import time
 from collections import deque
 
-POLL_SECONDS = 0.1  # how often a waiting worker looks at its job's cancel event
+from mizuoto.runtime.lease import POLL_S, Lease
 
 
 class Ticket:
@@ -67,11 +67,11 @@ class JobSlots:
                 return None
         return ticket
 
-    def wait(self, ticket: Ticket, cancelled: threading.Event) -> bool:
-        """Block until the ticket holds a slot (True), or it is cancelled or times out (False, out of line)."""
+    def wait(self, ticket: Ticket, lease: Lease) -> bool:
+        """Block until the ticket holds a slot (True), or the lease ends or the queue times out (False, out of line)."""
         end = None if self.timeout is None else ticket.queued_at + self.timeout
-        while not ticket.granted.is_set() and not cancelled.is_set():
-            left = POLL_SECONDS if end is None else min(POLL_SECONDS, end - time.monotonic())
+        while not ticket.granted.is_set() and not lease.cancelled:
+            left = POLL_S if end is None else min(POLL_S, end - time.monotonic())
             if left <= 0:
                 break
             ticket.granted.wait(left)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
@@ -196,15 +195,21 @@ async def _ready(request: Request) -> Response:
     if not state.loaded():
         return JSONResponse({"status": "no model loaded"}, status_code=503)
     full = state.limiter.full()
-    return JSONResponse({"status": "busy" if full else "ready", "models": state.loaded(),
-                         "in_flight": state.limiter.active, "queued": state.limiter.queued},
-                        status_code=503 if full else 200)
+    failures = {m.name: m.loop_failures for m in state.runtime.models() if m.loop_failures}
+    body = {"status": "busy" if full else "ready", "models": state.loaded(), "in_flight": state.limiter.active,
+            "queued": state.limiter.queued}
+    if failures:  # each loop went on serving; say so, with how often it failed
+        body["loop_failures"] = failures
+    return JSONResponse(body, status_code=503 if full else 200)
 
 
 async def _metrics(request: Request) -> Response:
     state = _state(request)
     rows = await asyncio.to_thread(state.memory_rows)
-    return PlainTextResponse(state.metrics.render(state.limiter, rows, state.batch_rows(), state.runtime.evictions),
+    models = state.runtime.models()
+    batches = [(m.name, m.batch_width, m.running) for m in models]
+    failures = [(m.name, m.loop_failures) for m in models]
+    return PlainTextResponse(state.metrics.render(state.limiter, rows, batches, state.runtime.evictions, failures),
                              media_type="text/plain; version=0.0.4")
 
 
@@ -240,15 +245,8 @@ def create_app(runtime: Any, config: ServerConfig | None = None, models: dict[st
                     await in_fresh_thread(state.ensure_loaded, name)
         yield
         # Shutdown: uvicorn has let in-flight responses finish (up to its graceful timeout);
-        # whatever still runs is cancelled, then the models are released.
-        state.closing = True
-        jobs = list(state.jobs)
-        for job in jobs:
-            job.cancel()
-        deadline = time.monotonic() + SHUTDOWN_JOIN_SECONDS
-        for job in jobs:
-            await asyncio.to_thread(job.join, max(0.0, deadline - time.monotonic()))
-        await asyncio.to_thread(runtime.close)
+        # whatever still runs is cancelled and joined, then the models are released.
+        await asyncio.to_thread(state.shutdown, SHUTDOWN_JOIN_SECONDS)
 
     routes = [
         Route("/v1/audio/speech", _speech, methods=["POST"]),

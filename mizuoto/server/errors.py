@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from mizuoto.errors import (AudioError, InvalidRequest, MemoryBudgetError, MizuotoError, ModelLoadError,
-                            RequestTooLarge)
+from mizuoto.errors import (AudioError, DeadlineExceeded, InvalidRequest, MemoryBudgetError, MizuotoError,
+                            ModelLoadError, RequestTooLarge)
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
           405: "invalid_request_error", 408: "timeout_error", 409: "conflict_error", 413: "invalid_request_error",
@@ -39,6 +39,8 @@ def from_exception(e: BaseException, param: str | None = None) -> ApiError:
     """Map a runtime exception to the HTTP error a client should see."""
     if isinstance(e, ApiError):
         return e
+    if isinstance(e, DeadlineExceeded):
+        return ApiError(504, "the request ran past its deadline and was cancelled")
     if isinstance(e, RequestTooLarge):
         return ApiError(413, str(e), param or "input")
     if is_out_of_memory(e):

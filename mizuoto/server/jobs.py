@@ -1,12 +1,14 @@
 """Synthesis jobs: each runs in its own worker thread and hands chunks to the event loop.
 
 The runtime's iterators are synchronous and may block (a model runs one request at a time), so
-a job owns one thread from the first call to the iterator's close. The consumer pulls chunks
-with a deadline; cancelling (client gone, deadline passed, server stopping) makes the worker
-stop at the engine's next stage call (the runtime's cancel event) and close the iterator in its
-own thread, which releases the model and whatever the engine held for the request. A queued job's
-worker first waits for its slot (admission.py); the slot is released when the computation ends,
-before the response is sent.
+a job owns one thread from the first call to the iterator's close. The job's Lease
+(`runtime.lease`), made when the request arrives with the request timeout as its deadline, is
+the request's one context: its slot wait, its model's load and pin, every wait in the runtime and
+the worker's wait for a slow client take it. Cancelling (client gone, deadline passed, server
+stopping) ends each of those waits within `lease.POLL_S` and stops the engine at its next stage
+call; the worker closes the iterator in its own thread and releases the lease, which ends the
+request: the model's pin and whatever the engine held go. A queued job's worker first waits for
+its slot (admission.py); the slot is released when the computation ends, before the response is sent.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from mizuoto.runtime.lease import Lease
 from mizuoto.runtime.threads import spawn
 from mizuoto.server.admission import JobSlots, Ticket
 from mizuoto.server.errors import ApiError
@@ -56,13 +59,14 @@ class Cancelled(Exception):
 class Job:
     """One synthesis running in a worker thread; iterate it from the event loop with `next()`."""
 
-    def __init__(self, start: Callable[[threading.Event], Iterator[Any]], admission: JobSlots, ticket: Ticket,
+    def __init__(self, start: Callable[[Lease], Iterator[Any]], admission: JobSlots, ticket: Ticket,
                  deadline: float | None, on_finish: Callable[[Job], None] | None = None,
                  on_admit: Callable[[float], None] | None = None, retry_after: int = 1):
-        self.cancelled = threading.Event()
+        self.lease = Lease(deadline)
+        self.cancelled = self.lease.event  # set by cancel(); the deadline is the lease's own
         self.retry_after = retry_after  # seconds, in the Retry-After of a queue-timeout 503
         self.started = time.monotonic()
-        self.deadline = None if deadline is None else self.started + deadline
+        self.deadline = self.lease.deadline
         self.finished = threading.Event()
         self._start = start
         self._admission = admission
@@ -83,11 +87,12 @@ class Job:
         try:
             self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
         except RuntimeError:  # the loop is closed: nobody is listening any more
-            self.cancelled.set()
+            self.lease.cancel("because the server's event loop is gone")
 
     def _work(self) -> None:
-        if not self._admission.wait(self._ticket, self.cancelled):
-            self._put(Cancelled() if self.cancelled.is_set() else ApiError(
+        if not self._admission.wait(self._ticket, self.lease):
+            self.lease.release()
+            self._put(self._ended() or ApiError(
                 503, f"the request waited {self._admission.timeout:g} s in the queue without a free slot"
                      " (--queue-timeout); retry shortly", headers={"Retry-After": str(self.retry_after)}))
             self.finished.set()
@@ -98,31 +103,40 @@ class Job:
             self._on_admit(self._ticket.waited)
         iterator = None
         try:
-            iterator = self._start(self.cancelled)  # the runtime stops at its next stage call once set
+            iterator = self._start(self.lease)  # every wait and stage call of the request takes the lease
             for chunk in iterator:
-                while not self._space.acquire(timeout=0.1):
-                    if self.cancelled.is_set():
+                while not self._space.acquire(timeout=0.1):  # a slow client: bounded by the lease too
+                    if self.lease.cancelled:
                         break
-                if self.cancelled.is_set():
+                if self.lease.cancelled:
                     break
                 self._put(chunk)
-            self._put(_END)
+            self._put(self._ended() or _END)
         except BaseException as e:  # reported to the consumer, who turns it into a response
-            self._put(Cancelled() if self.cancelled.is_set() else e)
+            self._put(self._ended() or e)
         finally:
             try:
                 if iterator is not None and hasattr(iterator, "close"):
                     iterator.close()
             finally:
                 iterator = None
+                self.lease.release()  # the request ends here: its model's pin goes
                 self._admission.release()
                 self.finished.set()
                 if self._on_finish is not None:
                     self._on_finish(self)
 
-    def cancel(self) -> None:
-        """Ask the worker to stop at the next chunk."""
-        self.cancelled.set()
+    def _ended(self) -> BaseException | None:
+        """What the consumer hears when the lease ended the job: Cancelled, or a 504 past the deadline."""
+        if self.cancelled.is_set():
+            return Cancelled()
+        if self.lease.expired:
+            return ApiError(504, "the request ran past its deadline and was cancelled")
+        return None
+
+    def cancel(self, reason: str = "because its client left") -> None:
+        """End the request: every wait it is in returns, and the engine stops at its next stage call."""
+        self.lease.cancel(reason)
 
     def remaining(self) -> float | None:
         """Seconds left before the deadline (None: no deadline)."""

@@ -82,11 +82,13 @@ class Metrics:
             self.cancelled += 1
 
     def render(self, admission: Any, memory: list[tuple[str, str, str, int]],
-               batches: list[tuple[str, int, int]] = (), evictions: int = 0) -> str:
+               batches: list[tuple[str, int, int]] = (), evictions: int = 0,
+               loop_failures: list[tuple[str, int]] = ()) -> str:
         """The exposition text of the JobSlots' gauges and these counters.
 
         `memory` rows are (suffix, device, model, bytes); `batches` rows (model, batch width, running);
-        `evictions` the runtime's count of models evicted to admit others.
+        `evictions` the runtime's count of models evicted to admit others; `loop_failures` rows
+        (model, failures of its compute loop, each answered to its waiters before the loop went on).
         """
         in_flight, limit, queued = admission.active, admission.limit, admission.queued
         with self._lock:
@@ -104,6 +106,10 @@ class Metrics:
             out += ["# HELP mizuoto_batch_occupancy Requests running on a model over its batch width (0 to 1).",
                     "# TYPE mizuoto_batch_occupancy gauge"]
             out += [f"mizuoto_batch_occupancy{_labels(model=m)} {n / max(w, 1):g}" for m, w, n in batches]
+            out += ["# HELP mizuoto_compute_loop_failures_total Failures of a model's compute (batch) loop itself;"
+                    " each reached its waiting requests and the loop went on.",
+                    "# TYPE mizuoto_compute_loop_failures_total counter"]
+            out += [f"mizuoto_compute_loop_failures_total{_labels(model=m)} {n}" for m, n in loop_failures]
             out += ["# HELP mizuoto_model_evictions_total Models offloaded or unloaded to make room for others.",
                     "# TYPE mizuoto_model_evictions_total counter", f"mizuoto_model_evictions_total {evictions}",
                     "# HELP mizuoto_queue_depth Jobs waiting in the queue for a slot.",

@@ -7,15 +7,15 @@ import base64
 import itertools
 import json
 import logging
-import threading
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
 import torch
 
-from mizuoto.errors import MizuotoError, ModelUnloaded
+from mizuoto.errors import MizuotoError
 from mizuoto.runtime.engine import AudioChunk, Reference, SynthesisRequest
+from mizuoto.runtime.lease import Lease
 from mizuoto.runtime.threads import in_thread
 from mizuoto.server.audio import (MEDIA_TYPES, check_finite, decode_base64, decode_reference, encode, pcm16,
                                   wav_header)
@@ -26,7 +26,6 @@ from mizuoto.server.validation import SpeechParams, field_of
 
 log = logging.getLogger("mizuoto.server")
 JOIN_SECONDS = 5.0  # how long a finished request waits for its worker to release the slot
-RELOADS = 3  # times a request loads its model again when another request evicted it before it started
 
 
 class ClientGone(Exception):
@@ -47,9 +46,10 @@ def inline_reference(state: ServerState, p: SpeechParams) -> Reference | None:
 
 
 def build_request(state: ServerState, p: SpeechParams, reference: Reference | None, stream: bool,
-                  text: str | Iterable[str] | None = None) -> SynthesisRequest:
-    """The SynthesisRequest for a checked body; runs in the worker (the model may load first)."""
-    state.ensure_loaded(p.model)
+                  text: str | Iterable[str] | None = None, lease: Lease | None = None) -> SynthesisRequest:
+    """The SynthesisRequest for a checked body; runs in the worker (the model may load first, and is
+    pinned for the lease from then on: no other request can evict it before this one runs)."""
+    state.ensure_loaded(p.model, lease)
     model = state.runtime.model(p.model)
     ids = [v.id for v in state.runtime.voices(p.model)]
     if reference is not None:
@@ -92,26 +92,18 @@ def start_job(state: ServerState, p: SpeechParams, stream: bool, text: str | Ite
                             f" and {state.config.max_queued} queued; retry shortly",
                        headers={"Retry-After": str(state.config.retry_after)})
 
-    def start(cancel: threading.Event) -> Iterator[AudioChunk]:
+    def start(lease: Lease) -> Iterator[AudioChunk]:
         reference = inline_reference(state, p)
-        attempt = 0
-        while True:
-            request = build_request(state, p, reference, stream, text)
+        request = build_request(state, p, reference, stream, text, lease)
+        try:
+            chunks = state.runtime.synthesize(p.model, request, lease=lease)
             try:
-                chunks = state.runtime.synthesize(p.model, request, cancel=cancel)
-                try:
-                    first = next(chunks)  # the model is held from here on
-                except StopIteration:
-                    return iter(())
-            except ModelUnloaded:
-                # evicted by another model's request between loading and holding it: load it again
-                if attempt == RELOADS:
-                    raise
-                attempt += 1
-                continue
-            except MizuotoError as e:
-                raise from_exception(e, field_of(str(e))) from None
-            return itertools.chain([first], chunks)
+                first = next(chunks)  # the model is held from here on
+            except StopIteration:
+                return iter(())
+        except MizuotoError as e:
+            raise from_exception(e, field_of(str(e))) from None
+        return itertools.chain([first], chunks)
 
     loop = asyncio.get_running_loop()
 

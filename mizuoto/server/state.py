@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import secrets
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,6 +13,7 @@ from typing import Any
 import torch
 
 from mizuoto.runtime.engine import Reference
+from mizuoto.runtime.lease import Lease
 from mizuoto.errors import InvalidRequest
 from mizuoto.server.audio import available_formats
 from mizuoto.server.errors import ApiError
@@ -20,6 +23,7 @@ from mizuoto.server.metrics import Metrics
 from mizuoto.server.validation import NAME
 
 
+log = logging.getLogger("mizuoto.server")
 LOAD_WAIT_S = 300.0  # without a request timeout: how long a catalogue load waits for memory held by running requests
 
 
@@ -78,7 +82,8 @@ class ServerState:
         self.metrics = Metrics()
         self.jobs: set[Job] = set()
         self.closing = False
-        self._load_lock = threading.Lock()
+        self._load_lock = threading.Lock()  # admin loads and unloads; picking a catalogue model's loader
+        self._loading: dict[str, threading.Event] = {}  # catalogue models being loaded -> set when done
         self.formats = available_formats()
 
     # ---- models --------------------------------------------------------------------------------
@@ -113,17 +118,41 @@ class ServerState:
             raise ApiError(401, "missing or wrong API key (Authorization: Bearer <key>)",
                            headers={"WWW-Authenticate": "Bearer"})
 
-    def ensure_loaded(self, name: str) -> None:
-        """Load a catalogue model that is not loaded (first use, or evicted to make room for another)."""
-        if name in self.loaded():
-            return
-        with self._load_lock:
-            if name in self.loaded():
+    def ensure_loaded(self, name: str, lease: Lease | None = None) -> None:
+        """Load a catalogue model that is not loaded (first use, or evicted to make room for another).
+
+        With a `lease`, the model is pinned for it (loaded or not before), atomically with the check:
+        no other request can evict it until the lease is released. One thread loads a given name at a
+        time; the others wait for that load (bounded by their lease), holding no lock.
+        """
+        waiter = lease if lease is not None else Lease(self.config.request_timeout or LOAD_WAIT_S)
+        while True:
+            if self._have(name, lease):
                 return
             self.check_model(name)
-            # when other models' running requests hold the memory, wait for them (as long as a request may run)
-            self.runtime.load(self.catalogue[name], name=name, wait=self.config.request_timeout or LOAD_WAIT_S,
-                              **self.config.load_options)
+            with self._load_lock:  # only to pick the one loader of this name
+                flight = self._loading.get(name)
+                mine = flight is None
+                if mine:
+                    flight = self._loading[name] = threading.Event()
+            if not mine:
+                waiter.wait(flight, f"while model {name} loads for another request")
+                continue
+            try:
+                if not self._have(name, lease):  # a load that ended just before this one began
+                    # when other models' running requests hold the memory, wait for them (as long as
+                    # a request may run)
+                    self.runtime.load(self.catalogue[name], name=name, lease=lease,
+                                      wait=self.config.request_timeout or LOAD_WAIT_S, **self.config.load_options)
+                return
+            finally:
+                with self._load_lock:
+                    del self._loading[name]
+                flight.set()
+
+    def _have(self, name: str, lease: Lease | None) -> bool:
+        """Whether `name` is loaded (and now pinned for `lease`, when one is given)."""
+        return self.runtime.pin(name, lease) if lease is not None else name in self.loaded()
 
     def loadable(self, path: Path) -> bool:
         """True for a catalogue directory or one inside a --model-root."""
@@ -154,9 +183,19 @@ class ServerState:
         with self._load_lock:
             self.runtime.unload(name)
 
-    def batch_rows(self) -> list[tuple[str, int, int]]:
-        """(model, batch width, requests running) of each loaded model, for /metrics."""
-        return [(info.name, info.batch_width, info.running) for info in self.runtime.models()]
+    def shutdown(self, timeout: float) -> None:
+        """Refuse new jobs, cancel the running ones and join their workers (within `timeout` s in all),
+        then close the runtime (which cancels what still holds a model and joins the models' threads)."""
+        self.closing = True
+        jobs = list(self.jobs)
+        for job in jobs:
+            job.cancel("because the server is shutting down")
+        end = time.monotonic() + timeout
+        left = [job for job in jobs if not job.join(max(0.0, end - time.monotonic()))]
+        if left:
+            log.warning("%d job(s) still running %.0f s after shutdown began; closing the models under them",
+                        len(left), timeout)
+        self.runtime.close()
 
     # ---- memory --------------------------------------------------------------------------------
     def memory_rows(self) -> list[tuple[str, str, str, int]]:

@@ -18,6 +18,7 @@ import json
 import queue
 from collections.abc import Iterator
 
+from mizuoto.runtime.lease import POLL_S, Lease
 from mizuoto.server.errors import ApiError, from_exception
 from mizuoto.server.jobs import Cancelled, in_fresh_thread
 from mizuoto.server.speech import ClientGone, Pull, pcm16, start_job
@@ -28,11 +29,13 @@ _DONE = object()
 
 
 class TextFeed:
-    """A blocking iterator of text pieces fed from the event loop; cancelling makes it raise."""
+    """A blocking iterator of text pieces fed from the event loop; cancelling it, or the end of the job's
+    lease (`lease`, set when the job starts), makes it raise."""
 
     def __init__(self):
         self._queue: queue.Queue = queue.Queue()
         self.cancelled = False
+        self.lease: Lease | None = None
 
     def put(self, text: str) -> None:
         self._queue.put(text)
@@ -46,7 +49,12 @@ class TextFeed:
 
     def __iter__(self) -> Iterator[str]:
         while True:
-            item = self._queue.get()
+            try:
+                item = self._queue.get(timeout=POLL_S)
+            except queue.Empty:
+                if self.lease is not None and self.lease.cancelled:
+                    raise Cancelled() from None
+                continue
             if self.cancelled:
                 raise Cancelled()
             if item is _DONE:
@@ -130,7 +138,9 @@ async def session(ws, state: ServerState) -> None:
             if len(first) > state.config.max_input_chars:
                 raise ApiError(400, f"text exceeds {state.config.max_input_chars} characters", "text")
             feed.put(first)
-            pull = Pull(state, start_job(state, p, True, feed), p.model, None)
+            job = start_job(state, p, True, feed)
+            feed.lease = job.lease  # the job's deadline ends a wait for more text too
+            pull = Pull(state, job, p.model, None)
             reader = asyncio.ensure_future(_read_text(ws, state, feed, len(first)))
             try:
                 while (chunk := await pull.next()) is not None:  # audio goes out while text still comes in

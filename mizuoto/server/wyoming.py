@@ -336,9 +336,4 @@ class WyomingServer:
         state = self.service.state
         state.closing = True
         await self.server.stop()
-        jobs = list(state.jobs)
-        for job in jobs:
-            job.cancel()
-        for job in jobs:
-            await asyncio.to_thread(job.join, timeout)
-        await asyncio.to_thread(state.runtime.close)
+        await asyncio.to_thread(state.shutdown, timeout)

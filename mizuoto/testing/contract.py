@@ -35,6 +35,7 @@ from mizuoto.runtime.engine import (MODES, AudioChunk, Capabilities, Engine, Ref
 from mizuoto.errors import InvalidRequest, MizuotoError
 from mizuoto.runtime.memory import Plan, measure, run_groups
 from mizuoto.runtime.plugins import default_registry
+from mizuoto.runtime.lease import Lease
 from mizuoto.runtime.scheduler import Scheduler
 
 ENV_MODELS = "MIZUOTO_CONTRACT_MODELS"
@@ -230,10 +231,14 @@ def test_synthesize_every_mode(case):
     turns = Plan(name, "cpu", 0, False, sizes, (), run_groups(sizes, False), 0)
     sched = Scheduler(model, "cpu")
     sched.apply(turns)
-    for mode in sorted(caps.modes):
-        request = check_request(_request(mode, model.voices()), model)
-        with sched.hold():
-            _check_chunks(list(sched.execute(request)), caps, stream=False)
+    try:
+        for mode in sorted(caps.modes):
+            request = check_request(_request(mode, model.voices()), model)
+            lease = Lease()
+            with sched.hold(lease):
+                _check_chunks(list(sched.execute(request, lease)), caps, stream=False)
+    finally:
+        sched.close()
     entered = {stage for stage, where in sched.trace if where == "device"}
     missing = [s.name for s in model.stages if s.name not in entered]
     assert not missing, f"stages {missing} never entered through Model.use() in any mode"

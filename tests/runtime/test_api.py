@@ -1,6 +1,7 @@
 """Runtime API on the tone engine: loading, detection errors, requests, voices, memory admission."""
 
 import threading
+import time
 
 import pytest
 import torch
@@ -306,3 +307,100 @@ def test_listing_models_while_another_thread_unloads_one(rt, tone_dir, monkeypat
     listed = [m.name for m in rt.models()]
     unloader.join(10)
     assert listed == [first, second] and [m.name for m in rt.models()] == [first]
+
+
+# ---- leases: the request context the runtime pins models for -------------------------------------
+
+def test_a_pinned_model_is_never_evicted_and_a_waiting_load_goes_when_the_lease_is_released(tone_dir, tmp_path):
+    from mizuoto.runtime.lease import Lease
+
+    peak, _ = _peaks(tone_dir)
+    other = write_model(tmp_path / "other")
+    with Runtime(ram=peak + peak // 2, engines=[ToneEngine], plugins=False) as rt:
+        first = rt.load(tone_dir)
+        lease = Lease()
+        assert rt.pin(first, lease) and rt.pins(first) == 1 and not rt.pin("nothing", Lease())
+        with pytest.raises(MemoryBudgetError, match=f"held by {first}"):
+            rt.load(other)  # no wait given: refused at once, and the pinned model stays
+        assert [m.name for m in rt.models()] == [first]
+        loaded: list = []
+        loader = threading.Thread(target=lambda: loaded.append(rt.load(other, wait=30)))
+        loader.start()
+        time.sleep(0.3)
+        assert loader.is_alive() and [m.name for m in rt.models()][0] == first  # it waits for the lease
+        _audio(rt.synthesize(first, "hi", voice="low", lease=lease))  # the pinned model serves its request
+        loader.join(10)  # the request's end released the lease: the load evicted the first model
+        assert not loader.is_alive() and [m.name for m in rt.models()] == loaded and rt.pins(first) == 0
+
+
+def test_a_load_with_a_lease_is_pinned_as_it_is_admitted_and_its_cancel_ends_a_wait_for_room(tone_dir, tmp_path):
+    from mizuoto.errors import RequestCancelled
+    from mizuoto.runtime.lease import Lease
+
+    peak, _ = _peaks(tone_dir)
+    other = write_model(tmp_path / "other")
+    with Runtime(ram=peak + peak // 2, engines=[ToneEngine], plugins=False) as rt:
+        mine = Lease()
+        first = rt.load(tone_dir, lease=mine)
+        assert rt.pins(first) == 1 and mine.model == first
+        waiting, outcome = Lease(), []
+
+        def load():
+            try:
+                rt.load(other, wait=30, lease=waiting)
+            except RequestCancelled as e:
+                outcome.append((e, time.monotonic()))
+        t = threading.Thread(target=load)
+        t.start()
+        time.sleep(0.3)
+        cancelled_at = time.monotonic()
+        waiting.cancel("by the test")
+        t.join(5)
+        assert outcome and "waiting for memory held by other models" in str(outcome[0][0])
+        assert outcome[0][1] - cancelled_at < 1.0
+        assert [m.name for m in rt.models()] == [first]  # never evicted, and the cancelled load left nothing
+        mine.release()
+        assert rt.pins(first) == 0
+
+
+def test_a_deadline_ends_a_wait_for_the_models_turn(rt, tone_dir):
+    from mizuoto.errors import DeadlineExceeded
+    from mizuoto.runtime.lease import Lease
+
+    name = rt.load(tone_dir)
+    holding, release = threading.Event(), threading.Event()
+
+    def long_one():
+        chunks = rt.synthesize(name, "a long enough text", voice="low", seed=1, stream=True)
+        next(chunks)
+        holding.set()
+        release.wait(30)
+        chunks.close()
+    t = threading.Thread(target=long_one)
+    t.start()
+    try:
+        assert holding.wait(10)
+        start = time.monotonic()
+        with pytest.raises(DeadlineExceeded, match="waiting for its turn"):
+            next(rt.synthesize(name, "hi", voice="low", lease=Lease(0.3)))
+        assert time.monotonic() - start < 1.3
+    finally:
+        release.set()
+        t.join(10)
+    assert rt.pins(name) == 0
+
+
+def test_close_cancels_open_requests_and_joins_every_thread_it_started(tone_dir):
+    from mizuoto.errors import RequestCancelled
+
+    before = {t.ident for t in threading.enumerate()}
+    rt = Runtime(engines=[ToneEngine], plugins=False)
+    name = rt.load(tone_dir)
+    _audio(rt.synthesize(name, "hi", voice="low"))
+    stream = rt.synthesize(name, "a long enough text", voice="low", seed=1, stream=True)
+    next(stream)
+    assert any(t.name == f"mizuoto-{name}-compute" for t in threading.enumerate())
+    rt.close()
+    with pytest.raises(RequestCancelled):
+        next(stream)
+    assert {t.ident for t in threading.enumerate() if t.is_alive()} <= before, "close() left a thread running"

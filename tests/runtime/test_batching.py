@@ -17,6 +17,7 @@ from mizuoto.errors import MizuotoError, RequestCancelled
 from mizuoto.nn.lm.kv_cache import DynamicKVCache
 from mizuoto.nn.lm.qwen import QwenConfig, QwenDecoder
 from mizuoto.runtime.batching import DecodeBatcher
+from mizuoto.runtime.lease import Lease
 
 WIDTH = 4
 CFG = QwenConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -145,8 +146,10 @@ def test_a_failing_loop_reaches_its_consumer_and_a_cancel_stops_a_wait(decoder):
         holders = [batcher.run(_greedy(decoder, 4, 500, seed=s, record=[])) for s in (1, 2)]
         for h in holders:
             next(h)
+        cancelled = Lease()
+        cancelled.cancel()
         with pytest.raises(RequestCancelled, match="waiting for a place"):
-            next(batcher.run(_greedy(decoder, 4, 5, seed=3, record=[]), cancelled=lambda: True))
+            next(batcher.run(_greedy(decoder, 4, 5, seed=3, record=[]), cancelled))
         for h in holders:
             h.close()
         _settle(lambda: batcher.active == 0)
@@ -305,3 +308,33 @@ def test_close_joins_the_loop_it_started(decoder):
     assert len(list(batcher.run(_greedy(decoder, 4, 5, seed=1, record=[])))) == 5
     batcher.close()
     assert {t.ident for t in threading.enumerate() if t.is_alive()} <= before, "close() left a thread running"
+
+
+@torch.inference_mode()
+def test_a_cancel_ends_the_wait_for_the_next_token_and_for_a_rows_step_within_a_second(decoder):
+    """The consumer waiting for its next token, and the producer waiting for its row's pass, both take
+    the request's lease: a cancel (here while the loop is held inside a step) ends both within a second."""
+    batcher = DecodeBatcher(decoder, _head(decoder), WIDTH, contextlib.nullcontext, sampler=None)
+    try:
+        _run_together(batcher, [_greedy(decoder, 4, 3, seed=1, record=[])])  # the loop runs
+        entered, release = _hold_step(batcher, 1)
+        lease, outcome = Lease(), []
+        tokens = batcher.run(_greedy(decoder, 4, 50, seed=2, record=[]), lease)
+
+        def consume():
+            try:
+                list(tokens)
+            except RequestCancelled as e:
+                outcome.append((e, time.monotonic()))
+        t = threading.Thread(target=consume)
+        t.start()
+        assert entered.wait(30), "no step took the row"
+        cancelled_at = time.monotonic()
+        lease.cancel("by the test")
+        t.join(5)
+        assert outcome and outcome[0][1] - cancelled_at < 1.0 and "by the test" in str(outcome[0][0])
+        release.set()
+        _settle(lambda: batcher.active == 0 and _threads() == 0)
+        assert len(list(batcher.run(_greedy(decoder, 4, 5, seed=3, record=[])))) == 5  # served again
+    finally:
+        batcher.close()

@@ -1,4 +1,4 @@
-"""A continuous batch's graphed step (runtime.decode.GraphBatchStep) on the CPU.
+"""A continuous batch's graphed step (runtime.decode.BatchStep) on the CPU.
 
 Uncaptured it is `QwenDecoder.step_rows` + the head; captured it must compute the same, bit for
 bit. Its captured form is checked here with a stand-in for a CUDA graph that behaves like one (a replay
@@ -18,7 +18,7 @@ import mizuoto.runtime.decode as decode
 import mizuoto.runtime.graphs as graphs
 from mizuoto.nn.lm.qwen import QwenConfig, QwenDecoder
 from mizuoto.runtime.batching import DecodeBatcher
-from mizuoto.runtime.decode import GraphBatchStep
+from mizuoto.runtime.decode import BatchStep
 from mizuoto.runtime.graphs import GraphedCallable
 
 WIDTH = 4
@@ -86,7 +86,7 @@ KINDS = ["dynamic", None, "static", "dynamic"]
 @torch.inference_mode()
 def test_off_cuda_the_batch_step_is_step_rows(layers):
     dec = _decoder(layers)
-    step = GraphBatchStep(dec, _head(dec), WIDTH, graphs=True)  # off CUDA: nothing to capture
+    step = BatchStep(dec, _head(dec), WIDTH, graphs=True)  # off CUDA: nothing to capture
     ref_caches, caches = _caches(dec, KINDS, 1), _caches(dec, KINDS, 1)
     want = _steps(_reference(dec), dec, ref_caches, 6, join_at=2)
     got = _steps(step, dec, caches, 6, join_at=2)
@@ -130,7 +130,7 @@ def stand_in_graphs(monkeypatch):
 @torch.inference_mode()
 def test_captured_batch_step_is_step_rows(stand_in_graphs, layers):
     dec = _decoder(layers)
-    step = GraphBatchStep(dec, _head(dec), WIDTH)
+    step = BatchStep(dec, _head(dec), WIDTH)
     ref_caches, caches = _caches(dec, KINDS, 2), _caches(dec, KINDS, 2)
     want = _steps(_reference(dec), dec, ref_caches, 7, join_at=2, leave_at=4)
     got = _steps(step, dec, caches, 7, join_at=2, leave_at=4)
@@ -142,7 +142,7 @@ def test_captured_batch_step_is_step_rows(stand_in_graphs, layers):
 @torch.inference_mode()
 def test_a_batch_step_captures_again_after_its_weights_move(stand_in_graphs):
     dec = _decoder(2)
-    step, ref = GraphBatchStep(dec, _head(dec), WIDTH), _reference(dec)
+    step, ref = BatchStep(dec, _head(dec), WIDTH), _reference(dec)
     caches, ref_caches = _caches(dec, KINDS, 3), _caches(dec, KINDS, 3)
     x = torch.randn(WIDTH, 1, 64, generator=torch.Generator().manual_seed(4))
     layer = dec.layers[1].mlp.down_proj
@@ -157,7 +157,7 @@ def test_the_batch_captures_its_steps_only_when_asked():
     dec = _decoder(2)
     for asked in (True, False):
         batcher = DecodeBatcher(dec, _head(dec), WIDTH, contextlib.nullcontext, sampler=None, cuda_graphs=asked)
-        assert isinstance(batcher.batch_step, GraphBatchStep) and batcher.batch_step.graphs is asked
+        assert isinstance(batcher.batch_step, BatchStep) and batcher.batch_step.graphs is asked
         batcher.close()
 
 
@@ -171,7 +171,7 @@ def test_a_batch_step_whose_capture_fails_runs_eagerly(monkeypatch):
     monkeypatch.setattr(decode, "new_pool", lambda device=None: None)
     monkeypatch.setattr(GraphedCallable, "_capture", refuse)
     dec = _decoder(3)
-    step = GraphBatchStep(dec, _head(dec), WIDTH)
+    step = BatchStep(dec, _head(dec), WIDTH)
     ref_caches, caches = _caches(dec, KINDS, 5), _caches(dec, KINDS, 5)
     want = _steps(_reference(dec), dec, ref_caches, 4)
     got = _steps(step, dec, caches, 4)

@@ -5,6 +5,7 @@ import torch
 
 from mizuoto.runtime.engine import Reference, SynthesisRequest
 from mizuoto.errors import InvalidRequest
+from mizuoto.runtime.lease import Lease
 from mizuoto.runtime.memory import Plan, measure, run_groups
 from mizuoto.runtime.options import LoadOptions
 from mizuoto.runtime.scheduler import Scheduler
@@ -22,8 +23,9 @@ def _setup(tone_dir, stream, pinned):
 
 
 def _run(sched, request):
-    with sched.hold():
-        return list(sched.execute(request))
+    lease = Lease()
+    with sched.hold(lease):
+        return list(sched.execute(request, lease))
 
 
 def test_turns_move_each_stage_in_and_out(tone_dir):
@@ -96,7 +98,7 @@ def test_a_batched_model_holds_up_to_its_width_and_a_budget_gates_joining(tone_d
     entered, release = threading.Semaphore(0), threading.Event()
 
     def holder(reserve, peak=None):
-        with sched.hold(reserve=reserve, peak=reserve if peak is None else peak, budget=10):
+        with sched.hold(Lease(), reserve=reserve, peak=reserve if peak is None else peak, budget=10):
             entered.release()
             release.wait(10)
 
@@ -149,7 +151,7 @@ def test_waiting_requests_enter_in_arrival_order_and_none_overtakes_a_large_one(
     order, release = [], {n: threading.Event() for n in ("small", "large", "later")}
 
     def holder(name, peak, reserve):
-        with sched.hold(reserve=reserve, peak=peak, budget=10):
+        with sched.hold(Lease(), reserve=reserve, peak=peak, budget=10):
             order.append(name)
             release[name].wait(10)
 
@@ -179,7 +181,8 @@ def test_waiting_requests_enter_in_arrival_order_and_none_overtakes_a_large_one(
     assert order == ["small", "large", "later"] and sched.running == 0 and sched.waiting == 0
 
 
-def test_each_thread_sees_its_own_cancel(tone_dir):
+def test_each_stage_call_sees_its_own_requests_lease(tone_dir):
+    """Two requests on a batched model: a stage call checks the lease it is given, whatever thread makes it."""
     import threading
 
     from mizuoto.errors import RequestCancelled
@@ -187,26 +190,57 @@ def test_each_thread_sees_its_own_cancel(tone_dir):
     model, sched, plan = _setup(tone_dir, stream=False, pinned=())
     model.batch_width = 2
     sched.apply(plan)
-    mine, theirs = threading.Event(), threading.Event()
-    theirs.set()
+    mine, theirs = Lease(), Lease()
+    theirs.cancel("by the test")
     seen = []
 
     def other():
-        with sched.bound(theirs):
-            try:
-                with model.use("notes"):
-                    pass
-            except RequestCancelled:
-                seen.append("cancelled")
+        try:
+            with model.use("notes", theirs):
+                pass
+        except RequestCancelled as e:
+            seen.append(str(e))
 
-    with sched.bound(mine):
+    with sched.bound():
         t = threading.Thread(target=other)
         t.start()
         t.join(10)
-        with model.use("notes"):  # this thread's request is not cancelled
+        with model.use("notes", mine):  # this request is not cancelled
             seen.append("ran")
-    assert seen == ["cancelled", "ran"]
+    assert seen == ["the request was cancelled by the test before its notes stage call", "ran"]
     assert model._gate is None  # unbound once the last request left
+
+
+def test_a_request_runs_on_the_models_executor_and_its_lease_stops_it(tone_dir):
+    """An unbatched model's chunks are computed on its one executor thread; a cancel between chunks
+    stops the request at its next stage call there, and the model serves the next one."""
+    import threading
+
+    from mizuoto.errors import RequestCancelled
+
+    model, sched, plan = _setup(tone_dir, stream=True, pinned=())
+    sched.apply(plan)
+    threads = []
+    original = model.synthesize
+
+    def spy(request):
+        for chunk in original(request):
+            threads.append(threading.current_thread().name)
+            yield chunk
+    model.synthesize = spy
+    streamed = SynthesisRequest("abcdefghij", mode="preset", voice="low", seed=0, stream=True)
+    assert len(_run(sched, streamed)) == 3
+    assert set(threads) == {"mizuoto-model-compute"}
+    lease = Lease()
+    with sched.hold(lease):
+        chunks = sched.execute(streamed, lease)
+        next(chunks)
+        lease.cancel("by the test")
+        with pytest.raises(RequestCancelled, match="by the test"):
+            next(chunks)
+    assert len(_run(sched, streamed)) == 3
+    sched.close()
+    assert not sched.executor.alive
 
 
 def test_a_cancel_ends_the_wait_for_a_turn(tone_dir):
@@ -220,7 +254,7 @@ def test_a_cancel_ends_the_wait_for_a_turn(tone_dir):
     entered, release = threading.Event(), threading.Event()
 
     def long_one():
-        with sched.hold():
+        with sched.hold(Lease()):
             entered.set()
             release.wait(30)
 
@@ -228,11 +262,11 @@ def test_a_cancel_ends_the_wait_for_a_turn(tone_dir):
     holder.start()
     try:
         assert entered.wait(10)
-        cancel, outcome = threading.Event(), []
+        lease, outcome = Lease(), []
 
         def queued():
             try:
-                with sched.hold(cancel=cancel):
+                with sched.hold(lease):
                     outcome.append("held")
             except RequestCancelled as e:
                 outcome.append(e)
@@ -242,7 +276,7 @@ def test_a_cancel_ends_the_wait_for_a_turn(tone_dir):
         while sched.waiting == 0:  # it is in line behind the long request
             assert time.monotonic() < deadline
             time.sleep(0.01)
-        cancel.set()
+        lease.cancel()
         started = time.monotonic()
         waiter.join(5)
         assert not waiter.is_alive() and time.monotonic() - started < 1.0

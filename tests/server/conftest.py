@@ -133,6 +133,24 @@ def make_runtime(**budgets) -> Runtime:
 FRESH = "MIZUOTO_FRESH_PROCESS"
 
 
+def in_fresh_process(tmp_path: Path, module: str, test: str) -> None:
+    """Run `test` of the test file `module` in a pytest process of its own; fail with its output unless it passes.
+
+    Resident memory of a long suite process carries every earlier test's allocator state (the
+    training and full-pipeline tests grow the heap by GBs), and threads every earlier test left;
+    memory and threads are measured in a fresh one.
+    """
+    import re
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp", str(tmp_path / "bt"),
+            f"{module}::{test}"]
+    done = subprocess.run(argv, env={**os.environ, FRESH: "1"}, capture_output=True, text=True,
+                          timeout=900, cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0 and re.search(r"^1 passed", done.stdout, re.M), done.stdout[-4000:] + done.stderr[-2000:]
+
+
 def pytest_collection_modifyitems(config, items):
     """`fresh_process` tests run only in the fresh process their wrapper starts (deselected, not skipped, here)."""
     if os.environ.get(FRESH):
@@ -311,7 +329,8 @@ def h() -> SimpleNamespace:
     return SimpleNamespace(admin=ADMIN, read_audio=read_audio, wav_base64=wav_base64, tone_seconds=tone_seconds,
                            clip_base64=fixture_clip_base64, ref_text=REF_TEXT,
                            job_threads=job_threads, wait_idle=wait_idle, until=until, resident_bytes=resident_bytes,
-                           planned_memory=planned_memory,
+                           planned_memory=planned_memory, in_fresh_process=in_fresh_process,
+                           cosyvoice2_dir=cosyvoice2_fixture_dir,
                            start_server=start_server, make_runtime=make_runtime, write_slow_model=write_slow_model,
                            write_model=write_model, write_gate_model=write_gate_model, new_gate=new_gate,
                            tone_engine=tone_engine, write_tone_model=write_tone_model)

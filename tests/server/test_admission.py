@@ -5,6 +5,7 @@ import threading
 
 import pytest
 
+from mizuoto.runtime.lease import Lease
 from mizuoto.server.admission import JobSlots
 from mizuoto.server.jobs import in_fresh_thread
 
@@ -17,21 +18,23 @@ def test_slots_then_queue_then_refusal_and_slots_pass_to_the_oldest_waiter():
     assert not a.try_acquire()  # nobody overtakes the line
     a.release()
     assert second.granted.is_set() and not third.granted.is_set() and a.active == 1 and a.queued == 1
-    assert a.wait(second, threading.Event())
+    assert a.wait(second, Lease())
     a.release()
     a.release()
     assert a.active == 0 and a.queued == 0 and a.try_acquire()
 
 
-def test_a_wait_ends_on_cancel_or_timeout_and_leaves_the_line():
+def test_a_wait_ends_on_cancel_deadline_or_queue_timeout_and_leaves_the_line():
     a = JobSlots(limit=1, max_queued=2, timeout=0.2)
     a.enter()
-    cancelled = threading.Event()
-    cancelled.set()
+    cancelled = Lease()
+    cancelled.cancel()
     ticket = a.enter()
     assert not a.wait(ticket, cancelled) and a.queued == 0
     late = a.enter()
-    assert not a.wait(late, threading.Event()) and a.queued == 0  # the 0.2 s queue timeout
+    assert not a.wait(late, Lease()) and a.queued == 0  # the 0.2 s queue timeout
+    past = a.enter()
+    assert not a.wait(past, Lease(0.0)) and a.queued == 0  # the request's own deadline
     a.release()
     assert a.active == 0
 

@@ -7,12 +7,8 @@ fixture clip, inline and by a registered voice id), beside the toy tone engines.
 import base64
 import itertools
 import json
-import os
 import re
-import subprocess
-import sys
 import threading
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -105,26 +101,13 @@ def _check(out, h, cosy_expected) -> dict:
     return ok
 
 
-def _in_fresh_process(tmp_path: Path, test: str) -> None:
-    """Run `test` of this file in a pytest process of its own; fail with its output if it does not pass.
-
-    Resident memory of a long suite process carries every earlier test's allocator state (the
-    training and full-pipeline tests grow the heap by GBs), so memory is measured in a fresh one.
-    """
-    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp", str(tmp_path / "bt"),
-            f"{__file__}::{test}"]
-    done = subprocess.run(argv, env={**os.environ, "MIZUOTO_FRESH_PROCESS": "1"}, capture_output=True, text=True,
-                          timeout=900, cwd=Path(__file__).resolve().parents[2])
-    assert done.returncode == 0 and re.search(r"^1 passed", done.stdout, re.M), done.stdout[-4000:] + done.stderr[-2000:]
-
-
-def test_sixteen_concurrent_mixed_in_a_fresh_process(tmp_path):
+def test_sixteen_concurrent_mixed_in_a_fresh_process(tmp_path, h):
     """The 16-request rounds below, in a pytest process of its own.
 
     In the whole suite (3.2 GB resident by then) the second round once measured 67 MiB above the
     first (CI dry run, 2026-12-01); alone it grows 3-15 MiB. A fresh process measures this server only.
     """
-    _in_fresh_process(tmp_path, "test_sixteen_concurrent_mixed")
+    h.in_fresh_process(tmp_path, __file__, "test_sixteen_concurrent_mixed")
 
 
 @pytest.mark.fresh_process
@@ -149,12 +132,12 @@ def test_sixteen_concurrent_mixed(server, client, h, cosy_expected, registered):
     assert h.resident_bytes() - rss < 64 << 20
 
 
-def test_fifty_cancelled_streams_in_a_fresh_process(tmp_path):
+def test_fifty_cancelled_streams_in_a_fresh_process(tmp_path, h):
     """The memory measurement below, in a pytest process of its own.
 
     In the whole suite the same 50 streams measured 5.4 MiB per 10 streams, alone 0.2-0.4.
     """
-    _in_fresh_process(tmp_path, "test_fifty_cancelled_streams_leave_no_growth")
+    h.in_fresh_process(tmp_path, __file__, "test_fifty_cancelled_streams_leave_no_growth")
 
 
 @pytest.mark.fresh_process

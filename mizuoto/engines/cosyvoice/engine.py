@@ -102,6 +102,8 @@ class CosyVoiceModel(Model):
         self._voices_lock = threading.Lock()
         self.schedule = schedule_for(variant.version, self.flow, self.sample_rate)
         self.batcher = self._batcher(self.options.compute.batch)
+        self.batch_width = self.batcher.width if self.batcher is not None else 1
+        self.executor = self.batcher  # a batched model's stage calls go to its batch loop (runtime.executor)
         self._audio_ok = not self.frontend.missing_files(need_audio=True)
         self._text_ok = not self.frontend.missing_files(need_audio=False)
         front_modules = {}
@@ -137,7 +139,6 @@ class CosyVoiceModel(Model):
         device = torch.device(self.options.device)
         # the batch's steps write each row's cache eagerly between the graphs: any cache kind will do
         graphs = use_cuda_graphs(self.options.compute.cuda_graphs, device, "the LM's batched steps")
-        self.batch_width = width
         # the LM is built on the CPU and placed later: the batch packs its layers only if it stays there
         return DecodeBatcher(self.llm.llm, self.llm.step_head, width, lambda: self.use("llm"), self.llm.sampler,
                              name=self.model_dir.name, pack=device.type == "cpu", cuda_graphs=graphs)
@@ -233,13 +234,15 @@ class CosyVoiceModel(Model):
         return presets, cached
 
     # -- synthesis -----------------------------------------------------------------------------
-    def synthesize(self, request: SynthesisRequest) -> Iterator[AudioChunk]:
+    def synthesize(self, request: SynthesisRequest, lease: Any = None) -> Iterator[AudioChunk]:
+        """Upstream's inference for the request's mode; `lease` (the runtime's) bounds every wait and stage call."""
         request = check_request(request, self, self.model_dir.name)
         self._check(request)
-        inputs = self._inputs(request)  # everything that can fail on bad input, before any audio
+        inputs = self._inputs(request, lease)  # everything that can fail on bad input, before any audio
         seed = request.seed if request.seed is not None else int(torch.randint(0, 2**31 - 1, (1,)))
         lm_gen, voc_gen = request_generators(seed, request.stream, request.mode != "vc")
-        return self._chunks(self.synthesizer(with_lm=request.mode != "vc"), inputs, request, lm_gen, voc_gen)
+        synth = self.synthesizer(with_lm=request.mode != "vc", lease=lease)
+        return self._chunks(synth, inputs, request, lm_gen, voc_gen)
 
     def _check(self, request: SynthesisRequest) -> None:
         """CosyVoice's own request rules (the contract's are checked by `check_request`)."""
@@ -249,18 +252,20 @@ class CosyVoiceModel(Model):
             raise InvalidRequest("streaming text in needs CosyVoice 2/3 and a reference text (mode clone, "
                                  f"or instruct); got mode {request.mode!r} on CosyVoice {self.variant.version}")
 
-    def synthesizer(self, with_lm: bool = True, batched: bool = True, **lm_options: Any) -> Synthesizer:
+    def synthesizer(self, with_lm: bool = True, batched: bool = True, lease: Any = None,
+                    **lm_options: Any) -> Synthesizer:
         """The request runner over this model's own stages (upstream's model.tts for one model input).
 
         `lm_options` go to the LM's `generate` beside the load options' KV cache and CUDA graphs
         (the bench passes its stop suppression and length ratio here). `batched=False` runs the LM
         in the calling thread even when the model batches (the bench's single-request figures).
+        `lease`: the request's, checked by every stage call and wait.
         """
         options = {"cache": self.options.compute.kv_cache, **self._graphs_arg, **lm_options}
         return Synthesizer(self.schedule, lm=self.llm if with_lm else None, flow=self.flow, hift=self.hift,
                            use=self.use, precision=self.options.precision, lm_options=options,
                            token_filter=drop_silent_runs if self.variant.version == 3 else None,
-                           batcher=self.batcher if batched else None)
+                           batcher=self.batcher if batched else None, lease=lease)
 
     def _chunks(self, synth: Synthesizer, inputs: list[dict], request: SynthesisRequest,
                 lm_gen: torch.Generator, voc_gen: torch.Generator) -> Iterator[AudioChunk]:
@@ -284,21 +289,22 @@ class CosyVoiceModel(Model):
             yield AudioChunk(piece, self.sample_rate, index, final)
             index += 1
 
-    def _frontend(self, fn: Any) -> Any:
-        """fn() inside `use("frontend")`; on the batch loop's thread when the LM batches (one compute thread)."""
+    def _frontend(self, fn: Any, lease: Any = None) -> Any:
+        """fn() inside `use("frontend")`; submitted to the batch loop when the LM batches (one compute thread)."""
         def run() -> Any:
-            with self.use("frontend"):
+            with self.use("frontend", lease):
                 return fn()
-        return run() if self.batcher is None else self.batcher.call(run)
+        return run() if self.batcher is None else self.batcher.call(run, lease)
 
-    def _voice(self, request: SynthesisRequest, need_text: bool, aligned: bool = True) -> dict[str, torch.Tensor]:
+    def _voice(self, request: SynthesisRequest, need_text: bool, aligned: bool = True,
+               lease: Any = None) -> dict[str, torch.Tensor]:
         voice = request.voice
         if isinstance(voice, Reference):
             if not self._audio_ok:
                 raise InvalidRequest(f"{self.model_dir} cannot take voices from audio: it lacks "
                                      f"{', '.join(self.frontend.missing_files(need_audio=True))}")
             return self._frontend(lambda: self.frontend.voice_prompt(voice.audio, voice.text if need_text else None,
-                                                                     aligned))
+                                                                     aligned), lease)
         with self._voices_lock:
             if voice in self.presets:
                 return self.presets[voice]
@@ -306,15 +312,15 @@ class CosyVoiceModel(Model):
                 return self.cached[voice]
         raise InvalidRequest(f"unknown voice {voice!r} for {self.model_dir.name}")
 
-    def _inputs(self, request: SynthesisRequest) -> list[dict]:
+    def _inputs(self, request: SynthesisRequest, lease: Any = None) -> list[dict]:
         """Model inputs, one per text segment; the voice and text are checked before returning."""
         mode = request.mode
         if mode == "vc":
             # upstream's frontend_vc keeps the whole reference (no 2:1 mel/token cut)
-            prompt = self._voice(request, need_text=False, aligned=False)
+            prompt = self._voice(request, need_text=False, aligned=False, lease=lease)
             if "flow_prompt_speech_token" not in prompt:
                 raise InvalidRequest("voice conversion needs a reference voice, not a preset speaker")
-            source = self._frontend(lambda: self.frontend.speech_tokens(request.source_audio))
+            source = self._frontend(lambda: self.frontend.speech_tokens(request.source_audio), lease)
             keep = ("flow_prompt_speech_token", "prompt_speech_feat", "flow_embedding")
             return [{**{k: prompt[k] for k in keep}, "source_speech_token": source}]
         is_preset = isinstance(request.voice, str) and request.voice in self.presets
@@ -323,7 +329,7 @@ class CosyVoiceModel(Model):
                                  f"{', '.join(self.presets) or 'none'})")
         if mode == "preset" and not is_preset:
             raise InvalidRequest(f"{request.voice!r} is not a preset voice of this model")
-        prompt = self._voice(request, need_text=mode == "clone")
+        prompt = self._voice(request, need_text=mode == "clone", lease=lease)
         if mode in ("clone", "cross_lingual", "instruct") and self.variant.instruct_mode == "instruct2" \
                 and "flow_prompt_speech_token" not in prompt:
             raise InvalidRequest(f"mode {mode!r} on CosyVoice {self.variant.version} needs a reference "

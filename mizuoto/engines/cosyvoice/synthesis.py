@@ -28,7 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mizuoto.errors import InvalidRequest, RequestCancelled
+from mizuoto.errors import InvalidRequest
 
 StageGate = Callable[[str], contextlib.AbstractContextManager]
 
@@ -97,7 +97,8 @@ class Synthesizer:
     def __init__(self, schedule: StreamSchedule, *, lm: Any | None, flow: FlowStage, hift: VocoderStage,
                  use: StageGate, precision: str = "fp32", lm_options: dict[str, Any] | None = None,
                  token_filter: Callable[[Iterable[int]], Iterator[int]] | None = None,
-                 on_tokens: Callable[[list[int]], None] | None = None, batcher: Any | None = None):
+                 on_tokens: Callable[[list[int]], None] | None = None, batcher: Any | None = None,
+                 lease: Any | None = None):
         self.schedule = schedule
         self.lm, self.flow, self.hift = lm, flow, hift
         self.use = use  # the model's stage gate: `with use("flow") as device:`
@@ -107,6 +108,7 @@ class Synthesizer:
         self.token_filter = token_filter  # v3 drops long silence runs before the flow
         self.on_tokens = on_tokens  # observer for tests and benchmarks: the final token list
         self.batcher = batcher  # a runtime.batching.DecodeBatcher: the LM runs in a row of its batch
+        self.lease = lease  # the request's runtime.lease.Lease: every stage call and wait checks it
         s = schedule
         self.speech_window = np.hamming(2 * s.source_cache_len) if s.source_cache_len else None
         self.mel_window = np.hamming(2 * s.mel_overlap_len) if s.mel_overlap_len else None
@@ -139,27 +141,18 @@ class Synthesizer:
             return self.lm.generate_bistream(text, prompt_text, prompt_speech, generator=generator, **steps)
 
         if self.batcher is not None:
-            # the batch loop runs the forward passes (in its own `use("llm")`); here the tokens arrive
-            tokens = self.batcher.run(lambda row: tokens_of(steps=row), self._cancelled)
-            gate = lambda: self.use("llm", hold=False)
-        else:
-            tokens = tokens_of()
-            gate = lambda: self.use("llm")
+            # the batch loop runs the forward passes (in its own `use("llm")`); here the tokens arrive,
+            # each wait for one bounded by the lease
+            yield from self.batcher.run(lambda row: tokens_of(steps=row), self.lease)
+            return
+        tokens = tokens_of()
         while True:
             # per token: in a streaming request the flow and vocoder run between two tokens
-            with gate() as device, self._autocast(device):
+            with self.use("llm", self.lease) as device, self._autocast(device):
                 token = next(tokens, None)
             if token is None:
                 return
             yield token
-
-    def _cancelled(self) -> bool:
-        """Whether the request was cancelled (the stage gate's check, for a request waiting on the batch)."""
-        try:
-            with self.use("llm", hold=False):
-                return False
-        except RequestCancelled:
-            return True
 
     def speech_tokens(self, inputs: dict[str, Any], generator: torch.Generator) -> Iterator[int]:
         """The tokens the flow speaks: the source's (voice conversion) or the LM's, filtered (v3)."""
@@ -171,13 +164,9 @@ class Synthesizer:
         yield from self.token_filter(raw) if self.token_filter else raw
 
     def _on_compute_thread(self, fn: Callable[[], Any]) -> Any:
-        """fn() here, or on the batch loop's thread when the LM batches (one compute thread per model;
-        a call made on that thread runs at once)."""
-        if self.batcher is None:
-            return fn()
-        if self._cancelled():
-            raise RequestCancelled("the request was cancelled before its next stage call")
-        return self.batcher.call(fn)
+        """fn() here, or submitted with the request's lease to the batch loop when the LM batches (the
+        model's one compute thread; a call made on that thread runs at once)."""
+        return fn() if self.batcher is None else self.batcher.call(fn, self.lease)
 
     def mel(self, token: torch.Tensor, inputs: dict[str, Any], *, streaming: bool, finalize: bool, cache: Any,
             generator: torch.Generator | None) -> tuple[torch.Tensor, Any]:
@@ -186,7 +175,7 @@ class Synthesizer:
 
     def _mel(self, token: torch.Tensor, inputs: dict[str, Any], streaming: bool, finalize: bool, cache: Any,
              generator: torch.Generator | None) -> tuple[torch.Tensor, Any]:
-        with self.use("flow") as device, self._autocast(device):
+        with self.use("flow", self.lease) as device, self._autocast(device):
             args = [t.to(device) for t in (token, inputs["flow_prompt_speech_token"], inputs["prompt_speech_feat"],
                                            inputs["flow_embedding"])]
             mel, cache = self.flow.token2mel(*args, streaming=streaming, finalize=finalize, cache=cache,
@@ -200,7 +189,7 @@ class Synthesizer:
 
     def _speech(self, mel: torch.Tensor, cache_source: torch.Tensor | None, finalize: bool,
                 generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
-        with self.use("hift") as device:
+        with self.use("hift", self.lease) as device:
             if cache_source is not None:
                 cache_source = cache_source.to(device)
             return self.hift.vocode(mel.to(device), cache_source=cache_source, finalize=finalize,

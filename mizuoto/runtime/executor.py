@@ -1,0 +1,188 @@
+"""One model's compute thread: stage calls submitted with a request's lease run there, in order.
+
+Heavy compute runs on one long-lived thread per model (docs/performance.md, "Threads"): each
+thread that runs a parallel region keeps an OpenMP team while it lives, and more live teams
+than cores slow all of them. A model whose LM batches has its batch loop as its executor
+(`runtime.batching.DecodeBatcher` extends this class); every other model gets a plain Executor
+from its scheduler: the same loop at width 1.
+
+A call waits for its outcome bounded by its lease: a cancel or the deadline takes a call not yet
+started out of line; a call already running goes on to its next stage call, where the model's
+stage gate sees the same lease (`running_lease`). A failure of the loop itself goes to every
+waiter and the loop goes on (`failures` counts them). close() answers whatever still waits and
+joins the thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from mizuoto.errors import MizuotoError, RequestCancelled
+from mizuoto.runtime.lease import POLL_S, Lease
+
+log = logging.getLogger("mizuoto.runtime")
+
+JOIN_S = 10.0  # how long close() waits for the loop's current work (a pass or a stage call)
+
+
+class Call:
+    """A function waiting for the executor's thread with its request's lease, and then its outcome."""
+
+    def __init__(self, fn: Callable[[], Any], lease: Lease | None) -> None:
+        self.fn, self.lease = fn, lease
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+    def finish(self, result: Any, error: BaseException | None) -> None:
+        self.result, self.error = result, error
+        self.done.set()
+
+
+class Executor:
+    """Runs submitted calls on one long-lived thread, first come first served (started on the first call)."""
+
+    label = "compute loop"  # names the thread and the loop's failures
+    thread_suffix = "compute"
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.cond = threading.Condition()
+        self.closed = False
+        self.failures = 0  # failures of the loop itself so far (each answered to its waiters)
+        self.last_failure: str | None = None
+        self._thread: threading.Thread | None = None
+        self._calls: collections.deque[Call] = collections.deque()
+        self._running: Call | None = None  # the call on the thread now: its lease is the stage gate's
+
+    # -- submitting -------------------------------------------------------------------------------
+    def call(self, fn: Callable[[], Any], lease: Lease | None = None) -> Any:
+        """fn() on the executor's thread (at once when already on it); its result, or its exception raised here."""
+        if threading.current_thread() is self._thread:
+            return fn()
+        job = Call(fn, lease)
+        with self.cond:
+            self.check_open()
+            if lease is not None:
+                lease.check("before its compute call")
+            self._start()
+            self._calls.append(job)
+            self.cond.notify_all()
+        try:
+            self.wait_for(job.done, lease, "while waiting for its compute call")
+        except RequestCancelled:
+            with self.cond:
+                if job in self._calls:  # not started: it never runs
+                    self._calls.remove(job)
+            raise
+        if job.error is not None:
+            raise job.error
+        return job.result
+
+    def running_lease(self) -> Lease | None:
+        """The lease of the call being run, when asked from the executor's own thread (else None)."""
+        job = self._running
+        return job.lease if job is not None and threading.current_thread() is self._thread else None
+
+    def check_open(self) -> None:
+        """RequestCancelled once the executor was closed (its model is closing)."""
+        if self.closed:
+            raise RequestCancelled(f"{self.name}: the model was closed")
+
+    def wait_for(self, event: threading.Event, lease: Lease | None, where: str) -> None:
+        """Until the loop (or close) sets `event`; the lease ends the wait first, a dead loop with an error."""
+        while not event.wait(POLL_S):
+            thread = self._thread
+            if thread is not None and not thread.is_alive() and not event.is_set():
+                raise MizuotoError(f"{self.name}: the {self.label} ended without answering")
+            if lease is not None:
+                lease.check(where)
+
+    def rename(self, name: str) -> None:
+        """Call it `name` from now on (its thread too)."""
+        with self.cond:
+            self.name = name
+            if self._thread is not None:
+                self._thread.name = f"mizuoto-{name}-{self.thread_suffix}"
+
+    @property
+    def alive(self) -> bool:
+        """Whether the loop's thread is running now."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name=f"mizuoto-{self.name}-{self.thread_suffix}",
+                                            daemon=True)
+            self._thread.start()
+
+    def close(self) -> None:
+        """Answer what waits with RequestCancelled, stop the loop after its current work, and join it."""
+        with self.cond:
+            self.closed = True
+            self._fail_waiting(RequestCancelled(f"{self.name}: the model was closed"))
+            self.cond.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(JOIN_S)
+            if thread.is_alive():
+                log.warning("%s: the %s is still running %.0f s after close", self.name, self.label, JOIN_S)
+
+    # -- the loop (subclasses add work kinds) -----------------------------------------------------
+    def _prepare(self) -> None:
+        """Run once on the thread before its first work."""
+
+    def _idle_timeout(self) -> float | None:
+        """How long the loop sleeps with no work (under the condition); None: until notified."""
+        return None
+
+    def _work(self, waited: bool) -> tuple[str, Any] | None:
+        """What to run next (under the condition); `waited`: the last sleep timed out."""
+        return ("call", self._calls.popleft()) if self._calls else None
+
+    def _run(self, kind: str, item: Any) -> None:
+        """Run one unit of work taken by `_work` (outside the condition)."""
+        try:
+            item.finish(item.fn(), None)
+        except BaseException as e:  # handed to the caller
+            item.finish(None, e)
+
+    def _fail_work(self, kind: str, item: Any, error: BaseException) -> None:
+        """The loop failed while running `item`: answer it (under the condition)."""
+        if not item.done.is_set():
+            item.finish(None, error)
+
+    def _fail_waiting(self, error: BaseException) -> None:
+        """Everything submitted and not yet taken gets `error` (under the condition)."""
+        while self._calls:
+            self._calls.popleft().finish(None, error)
+
+    def _loop(self) -> None:
+        self._prepare()
+        while True:
+            work = None
+            try:
+                with self.cond:
+                    waited = False
+                    while not self.closed and (work := self._work(waited)) is None:
+                        timeout = self._idle_timeout()
+                        waited = not self.cond.wait(timeout) and timeout is not None
+                    if self.closed:
+                        return
+                    self._running = work[1] if work[0] == "call" else None
+                self._run(*work)
+            except BaseException as e:  # the loop's own failure: every waiter hears of it, the loop goes on
+                log.exception("%s: the %s failed; its waiting requests get the error", self.name, self.label)
+                error = MizuotoError(f"{self.name}: the {self.label} failed: {e!r}")
+                with self.cond:
+                    self.failures += 1
+                    self.last_failure = repr(e)
+                    if work is not None:
+                        self._fail_work(*work, error)
+                    self._fail_waiting(error)
+            finally:
+                self._running = None

@@ -1,0 +1,103 @@
+"""A request's context from admission to its end: its cancel, its deadline, the model it pins.
+
+One Lease is made when a request is admitted (by the server's job, or by `Runtime.synthesize`
+when the caller gives none) and passed explicitly to every wait the request passes: a server
+slot, its model's turn, room beside other models, a place in a batch, a compute call, its
+output. Each wait returns within `POLL_S` of a cancel or of the deadline with RequestCancelled
+(DeadlineExceeded past the deadline), whichever thread waits. While it pins a model the
+runtime never evicts that model; `release()` is the one place a request ends: whatever pinned
+or reserved something for it lets go there (callbacks registered with `on_release`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from mizuoto.errors import DeadlineExceeded, RequestCancelled
+
+POLL_S = 0.05  # the longest a waiting request goes without looking at its cancel and deadline
+
+
+class Lease:
+    """Cancel (an event with a reason), deadline (`timeout` seconds from now; None: none), pinned model, plan."""
+
+    def __init__(self, timeout: float | None = None, *, cancel: threading.Event | None = None):
+        self.event = cancel if cancel is not None else threading.Event()
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.reason = "by its caller"
+        self.model: str | None = None  # the model it pins, once the runtime pinned one
+        self.plan: Any = None  # the request's memory plan, once planned
+        self._lock = threading.Lock()
+        self._on_release: list[Callable[[], None]] = []
+        self.released = False
+
+    def __repr__(self) -> str:
+        state = "released" if self.released else "cancelled" if self.cancelled else "live"
+        return f"<Lease {state} model={self.model!r}>"
+
+    # -- cancel and deadline ----------------------------------------------------------------------
+    def cancel(self, reason: str = "by its caller") -> None:
+        """End every wait of the request (from any thread); the first reason given is kept."""
+        with self._lock:
+            if not self.event.is_set():
+                self.reason = reason
+                self.event.set()
+
+    @property
+    def expired(self) -> bool:
+        """Whether the deadline has passed."""
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    @property
+    def cancelled(self) -> bool:
+        """Cancelled, or past the deadline."""
+        return self.event.is_set() or self.expired
+
+    def remaining(self) -> float | None:
+        """Seconds left before the deadline (None: no deadline)."""
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
+    def check(self, where: str) -> None:
+        """RequestCancelled (or DeadlineExceeded) naming `where` ("while waiting for ...") once the request ends."""
+        if self.event.is_set():
+            raise RequestCancelled(f"the request was cancelled {self.reason} {where}")
+        if self.expired:
+            raise DeadlineExceeded(f"the request ran past its deadline {where}")
+
+    def _slice(self) -> float:
+        left = self.remaining()
+        return POLL_S if left is None else max(0.0, min(POLL_S, left))
+
+    # -- waits ------------------------------------------------------------------------------------
+    def wait(self, event: threading.Event, where: str) -> None:
+        """Until `event` is set; the request's end ends the wait first."""
+        while not event.wait(self._slice()):
+            self.check(where)
+
+    def wait_for(self, cond: threading.Condition, ready: Callable[[], bool], where: str) -> None:
+        """Under `cond` (the caller holds it): until ready(); the request's end ends the wait first."""
+        while not ready():
+            self.check(where)
+            cond.wait(self._slice())
+
+    # -- the end ----------------------------------------------------------------------------------
+    def on_release(self, fn: Callable[[], None]) -> None:
+        """Run fn() when the lease is released (at once if it already was)."""
+        with self._lock:
+            if not self.released:
+                self._on_release.append(fn)
+                return
+        fn()
+
+    def release(self) -> None:
+        """End the request: run what `on_release` registered, newest first, once."""
+        with self._lock:
+            if self.released:
+                return
+            self.released = True
+            todo, self._on_release = self._on_release[::-1], []
+        for fn in todo:
+            fn()

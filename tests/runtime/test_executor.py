@@ -1,0 +1,105 @@
+"""A model's compute thread (runtime.executor): calls in order, bounded by their lease, joined on close."""
+
+import threading
+import time
+
+import pytest
+
+from mizuoto.errors import MizuotoError, RequestCancelled
+from mizuoto.runtime.executor import Executor
+from mizuoto.runtime.lease import Lease
+
+
+def _names() -> set[str]:
+    return {t.name for t in threading.enumerate() if t.is_alive()}
+
+
+def test_calls_run_on_one_thread_in_order_and_raise_where_they_were_made():
+    ex = Executor("m")
+    try:
+        seen = [ex.call(lambda i=i: (i, threading.current_thread().name)) for i in range(3)]
+        assert seen == [(0, "mizuoto-m-compute"), (1, "mizuoto-m-compute"), (2, "mizuoto-m-compute")]
+        assert ex.call(lambda: ex.call(lambda: "nested")) == "nested"
+        with pytest.raises(ZeroDivisionError):
+            ex.call(lambda: 1 / 0)
+    finally:
+        ex.close()
+
+
+def test_a_cancel_takes_a_queued_call_out_of_line_within_a_second():
+    ex = Executor("m")
+    entered, release, ran = threading.Event(), threading.Event(), []
+    holder = threading.Thread(target=lambda: ex.call(lambda: (entered.set(), release.wait(30))))
+    holder.start()
+    try:
+        assert entered.wait(10)
+        lease, outcome = Lease(), []
+
+        def queued():
+            try:
+                ex.call(lambda: ran.append("ran"), lease)
+            except RequestCancelled as e:
+                outcome.append((e, time.monotonic()))
+        t = threading.Thread(target=queued)
+        t.start()
+        time.sleep(0.1)
+        cancelled_at = time.monotonic()
+        lease.cancel("by the test")
+        t.join(5)
+        assert outcome and outcome[0][1] - cancelled_at < 1.0
+        assert "waiting for its compute call" in str(outcome[0][0])
+    finally:
+        release.set()
+        holder.join(10)
+    assert ex.call(lambda: "next") == "next" and ran == []  # the cancelled call never ran
+    ex.close()
+
+
+def test_a_call_sees_its_own_lease_on_the_thread():
+    ex = Executor("m")
+    lease = Lease()
+    try:
+        assert ex.call(lambda: ex.running_lease() is lease, lease)
+        assert ex.running_lease() is None  # asked from another thread
+    finally:
+        ex.close()
+
+
+def test_a_failing_loop_answers_every_waiter_and_goes_on(monkeypatch):
+    ex = Executor("m")
+    ex.call(lambda: None)
+    original, armed = ex._run, threading.Event()
+
+    def run(kind, item):
+        if armed.is_set():
+            armed.clear()
+            raise RuntimeError("a bug in the loop")
+        return original(kind, item)
+    monkeypatch.setattr(ex, "_run", run)
+    armed.set()
+    with pytest.raises(MizuotoError, match="compute loop failed.*a bug in the loop"):
+        ex.call(lambda: "lost")
+    assert ex.call(lambda: "served") == "served" and ex.failures == 1
+    ex.close()
+
+
+def test_close_answers_what_waits_and_joins_the_thread():
+    before = _names()
+    ex = Executor("closing")
+    entered, release = threading.Event(), threading.Event()
+    holder = threading.Thread(target=lambda: ex.call(lambda: (entered.set(), release.wait(30))))
+    holder.start()
+    assert entered.wait(10)
+    outcome = []
+    waiter = threading.Thread(target=lambda: outcome.append(pytest.raises(RequestCancelled, ex.call, lambda: 1)))
+    waiter.start()
+    time.sleep(0.1)
+    closer = threading.Thread(target=ex.close)
+    closer.start()
+    waiter.join(5)
+    assert outcome and "closed" in str(outcome[0].value)
+    release.set()
+    closer.join(10), holder.join(10)
+    assert not ex.alive and _names() <= before
+    with pytest.raises(RequestCancelled, match="closed"):
+        ex.call(lambda: None)
