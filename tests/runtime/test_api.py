@@ -336,6 +336,7 @@ def test_a_pinned_model_is_never_evicted_and_a_waiting_load_goes_when_the_lease_
 def test_a_load_with_a_lease_is_pinned_as_it_is_admitted_and_its_cancel_ends_a_wait_for_room(tone_dir, tmp_path):
     from mizuoto.errors import RequestCancelled
     from mizuoto.runtime.lease import Lease
+    from mizuoto.testing.waits import cancel_during
 
     peak, _ = _peaks(tone_dir)
     other = write_model(tmp_path / "other")
@@ -343,21 +344,10 @@ def test_a_load_with_a_lease_is_pinned_as_it_is_admitted_and_its_cancel_ends_a_w
         mine = Lease()
         first = rt.load(tone_dir, lease=mine)
         assert rt.pins(first) == 1 and mine.model == first
-        waiting, outcome = Lease(), []
-
-        def load():
-            try:
-                rt.load(other, wait=30, lease=waiting)
-            except RequestCancelled as e:
-                outcome.append((e, time.monotonic()))
-        t = threading.Thread(target=load)
-        t.start()
-        time.sleep(0.3)
-        cancelled_at = time.monotonic()
-        waiting.cancel("by the test")
-        t.join(5)
-        assert outcome and "waiting for memory held by other models" in str(outcome[0][0])
-        assert outcome[0][1] - cancelled_at < 1.0
+        waiting = Lease()
+        error, took = cancel_during(lambda: rt.load(other, wait=30, lease=waiting), waiting, settle=0.3)
+        assert isinstance(error, RequestCancelled) and "waiting for memory held by other models" in str(error)
+        assert took < 1.0
         assert [m.name for m in rt.models()] == [first]  # never evicted, and the cancelled load left nothing
         mine.release()
         assert rt.pins(first) == 0

@@ -246,9 +246,9 @@ def test_a_request_runs_on_the_models_executor_and_its_lease_stops_it(tone_dir):
 def test_a_cancel_ends_the_wait_for_a_turn(tone_dir):
     """A request queued behind a long one does not wait it out once it is cancelled."""
     import threading
-    import time
 
     from mizuoto.errors import RequestCancelled
+    from mizuoto.testing.waits import cancel_during
 
     model, sched, plan = _setup(tone_dir, stream=False, pinned=())
     entered, release = threading.Event(), threading.Event()
@@ -262,25 +262,13 @@ def test_a_cancel_ends_the_wait_for_a_turn(tone_dir):
     holder.start()
     try:
         assert entered.wait(10)
-        lease, outcome = Lease(), []
+        lease = Lease()
 
         def queued():
-            try:
-                with sched.hold(lease):
-                    outcome.append("held")
-            except RequestCancelled as e:
-                outcome.append(e)
-        waiter = threading.Thread(target=queued)
-        waiter.start()
-        deadline = time.monotonic() + 10
-        while sched.waiting == 0:  # it is in line behind the long request
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        lease.cancel()
-        started = time.monotonic()
-        waiter.join(5)
-        assert not waiter.is_alive() and time.monotonic() - started < 1.0
-        assert isinstance(outcome[0], RequestCancelled) and "waiting for its turn" in str(outcome[0])
+            with sched.hold(lease):
+                pass
+        error, took = cancel_during(queued, lease, lambda: sched.waiting > 0, settle=0.0)
+        assert isinstance(error, RequestCancelled) and "waiting for its turn" in str(error) and took < 1.0
         assert sched.waiting == 0 and sched.running == 1
     finally:
         release.set()
