@@ -118,8 +118,12 @@ def test_two_batched_models_evicting_each_other_under_load(tmp_path, h):
                 assert len(computing) <= len(dirs), computing  # one executor per loaded model, no more
                 if round_ == 0:
                     rss = h.resident_bytes()
-            assert _metric(client, "mizuoto_model_evictions_total")[0] > 0, "the budget never forced an eviction"
+            evictions = _metric(client, "mizuoto_model_evictions_total")[0]
+            assert evictions > 0, "the budget never forced an eviction"
             grown = h.resident_bytes() - rss
+            print(f"[stress] {ROUNDS} rounds of {REQUESTS}: {evictions:.0f} evictions, "
+                  f"{sum(s == 200 for s, _ in alone.values())}/{len(alone)} kinds speak alone, "
+                  f"resident +{grown / 2**20:.1f} MiB after the first round")
             assert grown < RSS_BOUND, f"resident memory grew {grown / 2**20:.0f} MiB over two rounds"
     finally:
         server.stop()
