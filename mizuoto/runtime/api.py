@@ -174,11 +174,10 @@ class Runtime:
             model = executor.call(lambda: self.registry.engine_class(engine)().load(path, opts))
             if not isinstance(model, Model):
                 raise ModelLoadError(f"engine {engine!r} returned a {type(model).__name__}, not a Model")
-        except MizuotoError:
+        except BaseException as e:
             executor.close()
-            raise
-        except Exception as e:
-            executor.close()
+            if isinstance(e, MizuotoError) or not isinstance(e, Exception):
+                raise
             raise ModelLoadError(f"engine {engine!r} failed to load {path}: {describe_error(e)}") from e
         if model.executor is not None:
             executor.close()

@@ -109,9 +109,9 @@ def test_the_bench_runs_the_functions_a_request_runs(tmp_path, model_dir, monkey
     seen_stages: list[str] = []
     use = model.use
 
-    def traced_use(stage):
+    def traced_use(stage, *rest):
         seen_stages.append(stage)
-        return use(stage)
+        return use(stage, *rest)
     monkeypatch.setattr(model, "use", traced_use)
     # the synthesizer a request gets is the one the bench times
     synth = driver.synthesizer(8)

@@ -117,8 +117,8 @@ def run(models, case, monkeypatch, reference: str) -> Run:
         rec.embeddings.append(own.clone())
         return own
 
-    def inputs(orig, request):
-        found = orig(request)
+    def inputs(orig, request, *rest):
+        found = orig(request, *rest)
         for d in found:
             if not isinstance(d.get("text"), torch.Tensor) and "text" in d:
                 d["text"] = streamed(d["text"])
