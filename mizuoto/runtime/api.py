@@ -79,6 +79,7 @@ class _Loaded:
     scheduler: Scheduler
     plan: Plan
     identity: ModelIdentity | None = None  # set when the model can import voices (see voicestore)
+    admitted: bool = False  # admitted to its device once: until then its load may still fail (nothing pins it)
 
 
 def _device_key(device: str) -> str:
@@ -264,9 +265,10 @@ class Runtime:
 
     # ---- leases --------------------------------------------------------------------------------
     def pin(self, model: str, lease: Lease) -> bool:
-        """Pin a loaded model for `lease` until it is released (never evicted meanwhile); False if not loaded."""
+        """Pin a loaded model for `lease` until it is released (never evicted meanwhile); False if it is not
+        loaded, or still loading (a load that then fails would take the pinned model with it)."""
         with self._lock:
-            if model not in self._models:
+            if model not in self._models or not self._models[model].admitted:
                 return False
             self._pin(model, lease)
             return True
@@ -412,6 +414,7 @@ class Runtime:
                     self._gone[victim.name] = f"evicted to make room for {loaded.name}"
                 victims.append((victim, ev.action))
             loaded.scheduler.target = plan
+            loaded.admitted = True
             if lease is not None:
                 self._pin(loaded.name, lease)
         for victim, action in victims:

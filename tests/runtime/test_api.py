@@ -394,3 +394,27 @@ def test_close_cancels_open_requests_and_joins_every_thread_it_started(tone_dir)
     with pytest.raises(RequestCancelled):
         next(stream)
     assert {t.ident for t in threading.enumerate() if t.is_alive()} <= before, "close() left a thread running"
+
+
+def test_a_model_still_loading_cannot_be_pinned(tone_dir, tmp_path):
+    """A load waiting for room may still fail (its lease cancelled): a request must not pin it meanwhile,
+    or the failed load would take the pinned model away under that request."""
+    from mizuoto.runtime.lease import Lease
+    from mizuoto.testing.waits import cancel_during
+
+    peak, _ = _peaks(tone_dir)
+    other = write_model(tmp_path / "other")
+    with Runtime(ram=peak + peak // 2, engines=[ToneEngine], plugins=False) as rt:
+        first = rt.load(tone_dir, lease=Lease())  # pinned for good: the second load waits for room
+        loading, pinned = Lease(), []
+
+        def load():
+            rt.load(other, name="other", wait=30, lease=loading)
+
+        def waiting() -> bool:
+            if "other" in [m.name for m in rt.models()]:
+                pinned.append(rt.pin("other", Lease()))
+                return True
+            return False
+        cancel_during(load, loading, waiting)
+        assert pinned == [False] and [m.name for m in rt.models()] == [first]

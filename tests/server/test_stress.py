@@ -107,7 +107,8 @@ def test_two_batched_models_evicting_each_other_under_load(tmp_path, h):
                 assert not any(t.is_alive() for t in threads), f"round {round_}: a client hangs"
                 for i, got in enumerate(outcomes):
                     if i not in leaving:
-                        assert got == alone[picks[i]], (round_, i, picks[i], got[0], alone[picks[i]][0])
+                        want = alone[picks[i]]
+                        assert got == want, (round_, i, picks[i], got[0], want[0], got[1][:300] if got[0] != 200 else "")
                 h.wait_idle(client, timeout=60)
                 h.until(lambda: len(_threads("mizuoto-job")) + len(_threads("mizuoto-a-row"))
                         + len(_threads("mizuoto-b-row")) <= baseline, "threads back to the baseline", 30)
