@@ -190,7 +190,8 @@ class Runtime:
                 name = self._unique(name or path.resolve().name)
                 executor.rename(name)
                 loaded = _Loaded(name, engine, variant, path, opts, model,
-                                 Scheduler(model, opts.device, name=name, executor=executor), None)
+                                 Scheduler(model, opts.device, name=name, executor=executor, cond=self._changed),
+                                 None)
                 loaded.plan = self._plan_for(loaded, None)
                 self._models[name] = loaded
             while not self._try_admit(loaded, loaded.plan, waitable=end is not None and time.monotonic() < end,

@@ -54,7 +54,6 @@ class Executor:
         self.cond = threading.Condition()
         self.closed = False
         self.failures = 0  # failures of the loop itself so far (each answered to its waiters)
-        self.last_failure: str | None = None
         self._thread: threading.Thread | None = None
         self._calls: collections.deque[Call] = collections.deque()
         self._running: Call | None = None  # the call on the thread now: its lease is the stage gate's
@@ -180,7 +179,6 @@ class Executor:
                 error = MizuotoError(f"{self.name}: the {self.label} failed: {e!r}")
                 with self.cond:
                     self.failures += 1
-                    self.last_failure = repr(e)
                     if work is not None:
                         self._fail_work(*work, error)
                     self._fail_waiting(error)

@@ -49,7 +49,7 @@ class Scheduler:
     """Owns the placement of one model's movable modules; `trace` records every move as (stage, "device" | "host")."""
 
     def __init__(self, model: Model, device: str | torch.device, host: str | torch.device = "cpu",
-                 name: str = "model", executor: Executor | None = None):
+                 name: str = "model", executor: Executor | None = None, cond: threading.Condition | None = None):
         self.model = model
         self.device = torch.device(device)
         self.host = torch.device(host)
@@ -57,7 +57,9 @@ class Scheduler:
         self.target: Plan | None = None  # the plan the runtime chose last (None: offloaded)
         self.trace: list[tuple[str, str]] = []
         self._on_device: set[str] = set()
-        self._cond = threading.Condition()
+        # the runtime's own condition when it made this scheduler: the holders, the line and the batch
+        # budget are then decided under the one lock that also owns pins and pool admission
+        self._cond = cond if cond is not None else threading.Condition()
         self._moves = threading.RLock()
         self._owners: dict[Lease, tuple[int, int]] = {}  # (peak, reserve) of each holder
         self._threads: dict[Lease, int] = {}  # the thread each holder iterates in (to refuse a self-deadlock)

@@ -116,6 +116,8 @@ def start_job(state: ServerState, p: SpeechParams, stream: bool, text: str | Ite
     job = Job(start, state.limiter, ticket, state.config.request_timeout, on_finish=finished,
               on_admit=state.metrics.queue_wait, retry_after=state.config.retry_after)
     state.jobs.add(job)
+    if hasattr(text, "follow"):  # streamed text (websocket.TextFeed): the job's lease ends its waits too
+        text.follow(job.lease)
     return job.run()
 
 

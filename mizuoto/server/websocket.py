@@ -37,6 +37,10 @@ class TextFeed:
         self.cancelled = False
         self.lease: Lease | None = None
 
+    def follow(self, lease: Lease) -> None:
+        """End a wait for more text when `lease` (the job's) ends too."""
+        self.lease = lease
+
     def put(self, text: str) -> None:
         self._queue.put(text)
 
@@ -138,9 +142,7 @@ async def session(ws, state: ServerState) -> None:
             if len(first) > state.config.max_input_chars:
                 raise ApiError(400, f"text exceeds {state.config.max_input_chars} characters", "text")
             feed.put(first)
-            job = start_job(state, p, True, feed)
-            feed.lease = job.lease  # the job's deadline ends a wait for more text too
-            pull = Pull(state, job, p.model, None)
+            pull = Pull(state, start_job(state, p, True, feed), p.model, None)
             reader = asyncio.ensure_future(_read_text(ws, state, feed, len(first)))
             try:
                 while (chunk := await pull.next()) is not None:  # audio goes out while text still comes in

@@ -418,3 +418,9 @@ def test_a_model_still_loading_cannot_be_pinned(tone_dir, tmp_path):
             return False
         cancel_during(load, loading, waiting)
         assert pinned == [False] and [m.name for m in rt.models()] == [first]
+
+
+def test_one_lock_decides_pins_admission_and_each_models_turns(rt, tone_dir):
+    """The lease authority: a model's holders, line and batch budget wait on the Runtime's own condition."""
+    name = rt.load(tone_dir)
+    assert rt._get(name).scheduler._cond is rt._changed

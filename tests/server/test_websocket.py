@@ -98,3 +98,19 @@ def test_client_leaves_mid_session(server, h, client):
         ws.send(json.dumps({"type": "input_text.append", "text": "abcd" * 10}))
         ws.recv(timeout=10)
     h.wait_idle(client)
+
+
+def test_a_text_feed_ends_its_wait_for_more_text_with_its_jobs_lease():
+    """A session that sends no more text holds its job only until the job's lease ends (cancel or deadline)."""
+    from mizuoto.runtime.lease import Lease
+    from mizuoto.server.jobs import Cancelled
+    from mizuoto.server.websocket import TextFeed
+    from mizuoto.testing.waits import cancel_during
+
+    feed, lease = TextFeed(), Lease()
+    feed.follow(lease)
+    feed.put("a piece")
+    pieces = iter(feed)
+    assert next(pieces) == "a piece"
+    error, took = cancel_during(lambda: next(pieces), lease)
+    assert isinstance(error, Cancelled) and took < 1.0
