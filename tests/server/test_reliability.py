@@ -118,3 +118,27 @@ def test_disconnect_cancels_stream(no_deadline, h):
     h.wait_idle(no_deadline)
     assert _metric(no_deadline, "mizuoto_requests_cancelled_total") == 1
     assert _post(no_deadline, "ab").status_code == 200
+
+
+def test_a_stream_nobody_reads_gives_its_slot_back_at_the_deadline(tmp_path, h):
+    """A client that opens a stream and never reads it holds its slot only until the request's deadline.
+
+    A fast 48 kHz tone model speaks minutes of audio (tens of MB) at once: the socket's buffers fill,
+    the response stops pulling chunks, and the worker waits for room in its output queue. That wait
+    takes the job's lease, so the deadline ends it and frees the slot; before leases only the
+    reader's pull applied the deadline, and the slot was held until the client closed.
+    """
+    deadline = 2.0
+    s = h.start_server({"tone": h.write_model(tmp_path / "tone", sample_rate=48000)},
+                       ServerConfig(max_concurrent=1, request_timeout=deadline, load_options={"device": "cpu"}))
+    try:
+        with httpx.Client(base_url=s.url, timeout=30) as c:
+            body = {"model": "tone", "input": "abcd" * 1000, "voice": "low", "stream_format": "audio"}
+            with c.stream("POST", "/v1/audio/speech", json=body) as r:
+                assert r.status_code == 200
+                started = time.monotonic()
+                _wait_for(lambda: _metric(c, "mizuoto_requests_in_flight") == 0, "the slot to come back", timeout=15)
+                assert time.monotonic() - started < deadline + 1.5  # never read, still open
+                h.until(lambda: h.job_threads() == 0, "the worker to end", 5)
+    finally:
+        s.stop()
