@@ -81,6 +81,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     _flag(p, "--admin-key", None, None, "key for loading/unloading models and deleting voices; without it those are off")
     _flag(p, "--header-timeout", float, 10, "seconds a connection may take to send its request headers")
     _flag(p, "--idle-timeout", float, 30, "seconds a request body or WebSocket session may stay silent")
+    _flag(p, "--body-timeout", float, 60, "seconds a whole request body may take to arrive")
     _flag(p, "--drain-seconds", float, 2, "on SIGTERM, seconds /ready answers 503 before the listener closes")
 
 
@@ -125,12 +126,13 @@ def run_serve(args: argparse.Namespace) -> int:
     from mizuoto.server.state import ServerConfig
 
     shared = shared_config(args)
-    for flag in ("header_timeout", "idle_timeout"):
+    for flag in ("header_timeout", "idle_timeout", "body_timeout"):
         if getattr(args, flag) <= 0:
             raise InvalidRequest(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
     server_config = ServerConfig(**shared, model_roots=tuple(Path(r) for r in args.model_root),
                                  api_key=args.api_key or None, admin_key=args.admin_key or None,
                                  header_timeout=args.header_timeout, idle_timeout=args.idle_timeout,
+                                 body_timeout=args.body_timeout,
                                  drain_seconds=max(0.0, args.drain_seconds))
     runtime = Runtime(vram=args.vram, ram=args.ram)
     app = create_app(runtime, server_config, _models(args.model))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,20 +36,25 @@ def _error(e: ApiError) -> JSONResponse:
 
 
 async def _body(request: Request, limit: int) -> bytes:
-    """The request body, refused (413) past `limit` bytes, and (408) when it stalls past the idle timeout."""
+    """The request body, refused (413) past `limit` bytes, and (408) when it stalls past the idle timeout or
+    takes longer than the body timeout in all (a body trickled a byte at a time never stalls)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"request body of {declared} bytes exceeds the limit of {limit}")
     parts, size = [], 0
     stream = request.stream().__aiter__()
-    idle = _state(request).config.idle_timeout
+    config = _state(request).config
+    idle, end = config.idle_timeout, time.monotonic() + config.body_timeout
     while True:
+        left = end - time.monotonic()
         try:
-            part = await asyncio.wait_for(stream.__anext__(), idle)
+            part = await asyncio.wait_for(stream.__anext__(), min(idle, max(left, 0.0)))
         except StopAsyncIteration:
             break
         except asyncio.TimeoutError:
-            raise ApiError(408, f"the request body stalled for {idle:g} s") from None
+            if idle < left:
+                raise ApiError(408, f"the request body stalled for {idle:g} s") from None
+            raise ApiError(408, f"the request body took longer than {config.body_timeout:g} s") from None
         size += len(part)
         if size > limit:
             raise ApiError(413, f"request body exceeds the limit of {limit} bytes")

@@ -36,7 +36,7 @@ _STATUS_TEXT = {
     401: "missing or wrong key (`Authorization: Bearer <key>`)",
     403: "the admin key is needed (or administration is off: the server has no --admin-key)",
     404: "unknown model or voice",
-    408: "the request body stalled past --idle-timeout",
+    408: "the request body stalled past --idle-timeout, or took longer than --body-timeout",
     409: "conflict with what the server holds",
     413: "request body over the server's limit",
     500: "the engine failed or produced non-finite audio (details in the server log)",

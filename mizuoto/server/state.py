@@ -48,6 +48,7 @@ class ServerConfig:
     admin_key: str | None = None  # required for loading/unloading models and deleting voices; unset: those are off
     header_timeout: float = 10.0  # seconds a connection may take to send its request line and headers
     idle_timeout: float = 30.0  # seconds a request body or a WebSocket session may stay silent
+    body_timeout: float = 60.0  # seconds a whole request body may take, however it trickles
     drain_seconds: float = 2.0  # on SIGTERM/SIGINT: /ready answers 503 this long before the listener closes
     max_upload_parts: int = 16  # multipart parts read from one voice upload
 

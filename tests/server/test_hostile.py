@@ -31,6 +31,7 @@ USER = {"Authorization": f"Bearer {API_KEY}"}
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 GOOD = {"model": "tone", "input": "hello there", "voice": "low"}
 TIMEOUT = 0.5  # the server's header and idle timeouts in this module
+BODY_TIMEOUT = 4 * TIMEOUT  # the whole body's
 
 
 class NanToneModel(ToneModel):
@@ -65,7 +66,7 @@ def hostile(tmp_path_factory, h, served_dirs):
     models = {"tone": h.write_model(root / "tone"), "nan": h.write_tone_model(root / "nan", "nan"),
               "steps": h.write_tone_model(root / "steps", "steps"), "cosy": served_dirs["cosy"]}
     config = ServerConfig(max_concurrent=2, request_timeout=60.0, api_key=API_KEY, admin_key=ADMIN_KEY,
-                          header_timeout=TIMEOUT, idle_timeout=TIMEOUT, drain_seconds=0.0)
+                          header_timeout=TIMEOUT, idle_timeout=TIMEOUT, body_timeout=BODY_TIMEOUT, drain_seconds=0.0)
     server = ServerThread(create_app(rt, config, models)).start()
     with httpx.Client(base_url=server.url, timeout=60.0, headers=USER) as client:
         baseline = h.resident_bytes()
@@ -213,6 +214,27 @@ def test_silent_and_half_sent_connections_are_closed(hostile):
                           b"Authorization: Bearer " + API_KEY.encode() + b"\r\nContent-Length: 1000\r\n\r\n{\"mo")
         reply = _closed_within(slow_body, 20 * TIMEOUT)
         assert reply.startswith(b"HTTP/1.1 408") and b"application/json" in reply and b"stalled" in reply, reply[:300]
+    _healthy(client)
+
+
+def test_a_body_trickled_below_the_idle_timeout_gets_a_408_at_the_body_timeout(hostile):
+    """One byte every 0.6 idle timeouts never stalls, yet the whole body has a deadline of its own."""
+    server, client = hostile
+    with socket.create_connection((server.host, server.port)) as drip:
+        drip.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Authorization: Bearer " + API_KEY.encode() + b"\r\nContent-Length: 1000\r\n\r\n")
+        started, reply = time.monotonic(), b""
+        drip.settimeout(0.6 * TIMEOUT)
+        while not reply and time.monotonic() - started < 10 * BODY_TIMEOUT:
+            try:
+                drip.sendall(b" ")
+                reply = drip.recv(4096)
+            except socket.timeout:
+                continue
+            except OSError:  # closed after its answer
+                break
+        assert reply.startswith(b"HTTP/1.1 408") and b"longer than" in reply, reply[:300]
+        assert time.monotonic() - started < BODY_TIMEOUT + 2 * TIMEOUT
     _healthy(client)
 
 
