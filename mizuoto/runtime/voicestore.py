@@ -8,9 +8,9 @@ a voice is offered only to the model it was made from, wherever that directory n
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -22,6 +22,7 @@ from pathlib import Path
 from mizuoto.errors import ResourceError
 from mizuoto.runtime.engine import VoicePrompt
 
+log = logging.getLogger("mizuoto.runtime")
 FORMAT = 1
 PROMPT_FILE = "prompt.safetensors"
 META_FILE = "voice.json"
@@ -147,12 +148,14 @@ class VoiceStore:
             for folder in sorted(parent.iterdir()):
                 if folder.name.startswith("."):
                     continue
-                with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                try:
                     m = json.loads((folder / META_FILE).read_text())
-                    if m.get("format") != FORMAT or not (folder / PROMPT_FILE).is_file():
-                        continue
+                    if not isinstance(m, dict) or m.get("format") != FORMAT or not (folder / PROMPT_FILE).is_file():
+                        raise ValueError(f"not a {FORMAT} voice, or its {PROMPT_FILE} is missing")
                     ident = ModelIdentity(m["engine"], m.get("variant"), m["model"], m["path"], m["fingerprint"])
                     out.append(SavedVoice(m["id"], m.get("text"), ident, float(m["created"]), folder))
+                except (OSError, ValueError, KeyError, TypeError) as e:  # one bad entry never hides the others
+                    log.warning("stored voice skipped: %s: %s", folder / META_FILE, e)
         return sorted(out, key=lambda v: v.created)
 
     def find(self, voice_id: str) -> list[SavedVoice]:

@@ -157,3 +157,17 @@ def test_voices_env_names_the_store(tmp_path, monkeypatch):
     with _runtime(None) as rt:
         rt.add_voice(rt.load(write_model(tmp_path / "a")), "v", _ref())
     assert len(list((tmp_path / "shared").rglob("voice.json"))) == 1 and not (tmp_path / "home").exists()
+
+
+@pytest.mark.parametrize("bad", ["[1, 2]", "{not json", '{"format": 1, "engine": "tone"}', '"a string"'])
+def test_a_malformed_entry_is_skipped_with_a_warning_naming_it_and_the_others_load(tmp_path, caplog, bad):
+    model_dir = write_model(tmp_path / "tone")
+    with _runtime(tmp_path / "voices") as rt:
+        name = rt.load(model_dir)
+        rt.add_voice(name, "alice", _ref(), "hello")
+        rt.add_voice(name, "bob", _ref(300.0), "hi")
+    broken = next((tmp_path / "voices").glob("*/bob")) / "voice.json"
+    broken.write_text(bad)
+    with caplog.at_level("WARNING", logger="mizuoto.runtime"), _runtime(tmp_path / "voices") as rt:
+        assert {v.id for v in rt.voices(rt.load(model_dir)) if v.kind == "cached"} == {"alice"}
+    assert any(str(broken) in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
