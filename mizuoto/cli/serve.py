@@ -102,6 +102,8 @@ def _models(specs: list[str]) -> dict[str, Path]:
         name, sep, path = spec.partition("=")
         if not sep:
             name, path = (spec.partition("@")[0] if is_repo_id(spec) else Path(spec).resolve().name), spec
+        if not name.strip() or not path.strip():
+            raise InvalidRequest(f"-m {spec!r}: give a model directory, as DIR or NAME=DIR")
         resolved = resolve_model(path)  # a directory, or a Hugging Face repo id's snapshot
         if not resolved.is_dir():
             raise InvalidRequest(f"-m {spec}: model directory not found: {path}")

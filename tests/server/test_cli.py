@@ -71,6 +71,10 @@ def test_serve_bad_flags(tmp_path, capsys):
     assert "--max-concurrent" in capsys.readouterr().err
     assert main(["serve", "--max-batch", "0"]) == 1
     assert "--max-batch" in capsys.readouterr().err
+    for spec in ("x=", "=" + str(tmp_path)):  # an empty directory or name: not the working directory
+        assert main(["serve", "-m", spec, "--port", str(free_port())]) == 1
+        err = capsys.readouterr().err
+        assert "give a model directory, as DIR or NAME=DIR" in err and "Traceback" not in err
 
 
 def test_max_batch_sets_the_models_batch_width_and_the_job_limit():
