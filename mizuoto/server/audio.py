@@ -53,7 +53,7 @@ def _aac_available() -> bool:
 
 def missing_format(fmt: object, formats: tuple[str, ...]) -> str:
     """The 400 message for a response_format this server cannot write: what it needs, and what is available."""
-    if isinstance(fmt, str) and fmt in MEDIA_TYPES:  # a list or an object is no format (nor hashable)
+    if isinstance(fmt, str) and fmt in ENCODER_HINTS:  # a list or an object is no format (nor hashable)
         return (f"response_format {fmt!r} has no encoder on this server (it needs {ENCODER_HINTS[fmt]});"
                 f" available: {', '.join(formats)}")
     return f"response_format {fmt!r} is not supported; use one of: {', '.join(formats)}"

@@ -69,9 +69,16 @@ class TextFeed:
 async def _message(ws, idle: float) -> dict:
     """The next JSON message; a session silent for `idle` seconds is ended (it would hold the socket)."""
     try:
-        raw = await asyncio.wait_for(ws.receive_text(), idle)
+        message = await asyncio.wait_for(ws.receive(), idle)
     except asyncio.TimeoutError:
         raise ApiError(408, f"the session sent nothing for {idle:g} s") from None
+    if message["type"] == "websocket.disconnect":
+        from starlette.websockets import WebSocketDisconnect
+
+        raise WebSocketDisconnect(message.get("code", 1000))
+    raw = message.get("text")
+    if raw is None:
+        raise ApiError(400, "binary frames are not accepted: send JSON text messages", "type")
     try:
         data = json.loads(raw)
     except RecursionError:
@@ -128,6 +135,9 @@ async def session(ws, state: ServerState) -> None:
                          need_input=False, default_format="pcm")
         if p.input is not None:
             raise ApiError(400, "send the text with input_text.append messages, not in session.start", "input")
+        if p.stream_format is not None:
+            raise ApiError(400, "a session always streams raw PCM16: session.start takes no stream_format",
+                           "stream_format")
         state.check_model(p.model)
         await in_fresh_thread(state.ensure_loaded, p.model)
         caps = state.runtime.model(p.model).capabilities

@@ -67,13 +67,21 @@ def test_text_in_audio_out(server, h, cosy_expected, model):
     ({"type": "session.start", "model": "nope"}, "does not exist"),
     ({"type": "session.start", "model": "tone", "speed": 0}, "speed"),
     ({"type": "session.start", "model": "tone", "input": "no"}, "input_text.append"),
+    ({"type": "session.start", "model": "tone", "stream_format": "sse"}, "no stream_format"),
+    ({"type": "session.start", "model": "tone", "response_format": "wav"}, "'wav' is not supported"),
+    (b"\x00binary", "binary frames"),
 ])
 def test_bad_session(server, first, words):
-    """A bad first message is answered with an error message and the socket closes."""
+    """A bad first message is answered with an error message (a 4xx body) and the socket closes with 1008."""
+    from websockets.exceptions import ConnectionClosed
+
     with _ws(server) as ws:
-        ws.send(json.dumps(first))
+        ws.send(first if isinstance(first, bytes) else json.dumps(first))
         error = json.loads(ws.recv(timeout=10))
-    assert error["type"] == "error" and words in error["error"]["message"]
+        with pytest.raises(ConnectionClosed):
+            ws.recv(timeout=10)
+    assert error["type"] == "error" and words in error["error"]["message"] and 400 <= error["error"]["code"] < 500
+    assert ws.close_code == 1008
 
 
 def test_bad_message_mid_session(server, h, client):
