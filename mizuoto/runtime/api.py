@@ -182,13 +182,15 @@ class Runtime:
             raise ModelLoadError(f"engine {engine!r} failed to load {path}: {describe_error(e)}") from e
         if model.executor is not None:
             executor.close()
+            executor = None
         end = None if wait is None else time.monotonic() + wait
         waiter = lease if lease is not None else Lease(wait)
         loaded = None
         try:
             with self._lock:
                 name = self._unique(name or path.resolve().name)
-                executor.rename(name)
+                if executor is not None:
+                    executor.rename(name)
                 loaded = _Loaded(name, engine, variant, path, opts, model,
                                  Scheduler(model, opts.device, name=name, executor=executor, cond=self._changed),
                                  None)

@@ -356,11 +356,11 @@ class Model(abc.ABC):
         raises RequestCancelled here, before the stage runs. Without one, the gate checks the
         lease of the executor call the block runs in, if any.
         """
+        if lease is not None:
+            lease.check(f"before its {stage} stage call")
         turn = self.turn_lock() if self.batch_width > 1 else contextlib.nullcontext()
         with turn:
             if self._gate is None:
-                if lease is not None:
-                    lease.check(f"before its {stage} stage call")
                 yield stage_device(self.stage(stage))
                 return
             with self._gate(stage, lease) as device:

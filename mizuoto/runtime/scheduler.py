@@ -59,7 +59,7 @@ class Scheduler:
         self._on_device: set[str] = set()
         # the runtime's own condition when it made this scheduler: the holders, the line and the batch
         # budget are then decided under the one lock that also owns pins and pool admission
-        self._cond = cond if cond is not None else threading.Condition()
+        self._cond = cond if cond is not None else threading.Condition()  # re-entrant (an RLock) either way
         self._moves = threading.RLock()
         self._owners: dict[Lease, tuple[int, int]] = {}  # (peak, reserve) of each holder
         self._threads: dict[Lease, int] = {}  # the thread each holder iterates in (to refuse a self-deadlock)
@@ -110,7 +110,7 @@ class Scheduler:
             def turn() -> bool:
                 if self._queue[0] is not lease or len(self._owners) >= width:
                     return False
-                return not (self._owners and budget is not None and self._together((peak, reserve)) > budget)
+                return not (self._owners and budget is not None and self.together((peak, reserve)) > budget)
             try:
                 lease.wait_for(self._cond, turn, f"while waiting for its turn on {name}")
             finally:
@@ -125,10 +125,6 @@ class Scheduler:
                 self._owners.pop(lease, None)
                 self._threads.pop(lease, None)
                 self._cond.notify_all()
-
-    def _together(self, joiner: tuple[int, int]) -> int:
-        rows = [*self._owners.values(), joiner]
-        return max(p - r for p, r in rows) + sum(r for _, r in rows)
 
     # -- placement --------------------------------------------------------------------------------
     def apply(self, plan: Plan) -> None:
@@ -212,9 +208,9 @@ class Scheduler:
 
     @contextlib.contextmanager
     def _gate(self, stage: str, lease: Lease | None = None) -> Iterator[torch.device]:
-        lease = lease if lease is not None else self.executor.running_lease()
-        if lease is not None:
-            lease.check(f"before its {stage} stage call")
+        running = self.executor.running_lease() if lease is None else None  # Model.use checked a given one
+        if running is not None:
+            running.check(f"before its {stage} stage call")
         if self.plan is None:
             raise InvalidRequest("no plan applied to this model")
         with self._moves:  # a batched model's turn lock is held here (Model.use): moves never overlap compute

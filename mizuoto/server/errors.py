@@ -26,6 +26,11 @@ class ApiError(Exception):
                           "param": self.param, "code": self.status}}
 
 
+def past_deadline() -> ApiError:
+    """The 504 of a request that ran past its deadline (--request-timeout)."""
+    return ApiError(504, "the request ran past its deadline and was cancelled")
+
+
 def is_out_of_memory(e: BaseException) -> bool:
     """True for allocation failures of the host or an accelerator."""
     import torch
@@ -40,7 +45,7 @@ def from_exception(e: BaseException, param: str | None = None) -> ApiError:
     if isinstance(e, ApiError):
         return e
     if isinstance(e, DeadlineExceeded):
-        return ApiError(504, "the request ran past its deadline and was cancelled")
+        return past_deadline()
     if isinstance(e, RequestTooLarge):
         return ApiError(413, str(e), param or "input")
     if is_out_of_memory(e):

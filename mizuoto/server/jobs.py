@@ -22,7 +22,7 @@ from typing import Any
 from mizuoto.runtime.lease import Lease
 from mizuoto.runtime.threads import spawn
 from mizuoto.server.admission import JobSlots, Ticket
-from mizuoto.server.errors import ApiError
+from mizuoto.server.errors import ApiError, past_deadline
 
 _END = object()
 QUEUE_CHUNKS = 8  # chunks a worker may run ahead of a slow client
@@ -66,7 +66,6 @@ class Job:
         self.cancelled = self.lease.event  # set by cancel(); the deadline is the lease's own
         self.retry_after = retry_after  # seconds, in the Retry-After of a queue-timeout 503
         self.started = time.monotonic()
-        self.deadline = self.lease.deadline
         self.finished = threading.Event()
         self._start = start
         self._admission = admission
@@ -131,24 +130,20 @@ class Job:
         if self.cancelled.is_set():
             return Cancelled()
         if self.lease.expired:
-            return ApiError(504, "the request ran past its deadline and was cancelled")
+            return past_deadline()
         return None
 
     def cancel(self, reason: str = "because its client left") -> None:
         """End the request: every wait it is in returns, and the engine stops at its next stage call."""
         self.lease.cancel(reason)
 
-    def remaining(self) -> float | None:
-        """Seconds left before the deadline (None: no deadline)."""
-        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
-
     async def next(self) -> Any:
         """The next chunk, or None at the end; the worker's error is raised here; the deadline gives 504."""
         try:
-            item = await asyncio.wait_for(self._queue.get(), self.remaining())
+            item = await asyncio.wait_for(self._queue.get(), self.lease.remaining())
         except asyncio.TimeoutError:
             self.cancel()
-            raise ApiError(504, "the request ran past its deadline and was cancelled") from None
+            raise past_deadline() from None
         if item is _END:
             return None
         if isinstance(item, BaseException):
