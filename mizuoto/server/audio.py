@@ -10,6 +10,7 @@ import struct
 import numpy as np
 import torch
 
+from mizuoto.nn.dsp.wav import quantize_pcm, to_pcm16 as pcm16  # one PCM16 rounding; speech/websocket import pcm16
 from mizuoto.server.errors import ApiError
 
 MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac", "mp3": "audio/mpeg",
@@ -76,12 +77,6 @@ def encode_aac(samples: np.ndarray, rate: int) -> bytes:
     return buf.getvalue()
 
 
-def pcm16(samples: torch.Tensor | np.ndarray) -> bytes:
-    """Little-endian signed 16-bit PCM of float samples in [-1, 1] (clipped)."""
-    x = samples.detach().cpu().numpy() if isinstance(samples, torch.Tensor) else np.asarray(samples)
-    return (np.clip(x, -1.0, 1.0) * 32767.0).round().astype("<i2").tobytes()
-
-
 def wav_header(rate: int, data_bytes: int | None = None) -> bytes:
     """A 44-byte PCM16 mono WAV header; `None` sizes (a stream of unknown length) are written as 0xFFFFFFFF."""
     data = 0xFFFFFFFF if data_bytes is None else data_bytes
@@ -108,8 +103,10 @@ def encode(samples: torch.Tensor, rate: int, fmt: str) -> bytes:
 
         x, rate = resample(x, rate, 48000), 48000
     major, subtype = _SOUNDFILE[fmt]
+    # FLAC's PCM_16 is quantized as wav/pcm are, not by libsndfile's own float conversion
+    data = quantize_pcm(x.numpy(), 16) if subtype == "PCM_16" else np.clip(x.numpy(), -1.0, 1.0)
     buf = io.BytesIO()
-    soundfile.write(buf, np.clip(x.numpy(), -1.0, 1.0), rate, format=major, subtype=subtype)
+    soundfile.write(buf, data, rate, format=major, subtype=subtype)
     return buf.getvalue()
 
 

@@ -57,3 +57,13 @@ def from_exception(e: BaseException, param: str | None = None) -> ApiError:
     if isinstance(e, MizuotoError):
         return ApiError(500, str(e))
     return ApiError(500, f"internal error ({type(e).__name__}); see the server log")
+
+
+def field_of(message: str) -> str | None:
+    """Best guess at the request field a runtime error message is about."""
+    lower = message.lower()
+    for key, param in (("voice", "voice"), ("instruct", "instructions"), ("speed", "speed"),
+                       ("reference", "ref_audio"), ("text", "input"), ("mode", "voice")):
+        if key in lower:
+            return param
+    return None

@@ -24,6 +24,10 @@ class _HeaderTimeoutH11(H11Protocol):
 
     uvicorn's keep-alive timer only runs between requests, and any byte resets it: a client that
     opens a connection and sends nothing, or half a request line, would hold it forever.
+    uvicorn has no public setting for this (timeout_keep_alive starts after a response;
+    h11_max_incomplete_event_size bounds the headers' bytes, not their time), so this subclasses
+    its private H11Protocol, using its `loop`, `conn` and `transport`: pyproject pins uvicorn to
+    the versions checked (0.35 to 0.55 have the same).
     """
 
     header_timeout = 10.0
@@ -34,9 +38,13 @@ class _HeaderTimeoutH11(H11Protocol):
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
-        if self._header_timer is not None and self.conn.their_state is not h11.IDLE:  # headers complete
+        waiting = self.conn.their_state is h11.IDLE  # no complete request line and headers yet
+        if not waiting and self._header_timer is not None:
             self._header_timer.cancel()
             self._header_timer = None
+        elif waiting and self._header_timer is None and not self.transport.is_closing():
+            # the next request on a kept-alive connection: its first byte stopped uvicorn's keep-alive timer
+            self._header_timer = self.loop.call_later(self.header_timeout, self._headers_too_slow)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._header_timer is not None:

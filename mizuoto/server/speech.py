@@ -19,10 +19,9 @@ from mizuoto.runtime.lease import Lease
 from mizuoto.runtime.threads import in_thread
 from mizuoto.server.audio import (MEDIA_TYPES, check_finite, decode_base64, decode_reference, encode, pcm16,
                                   wav_header)
-from mizuoto.server.errors import ApiError, from_exception
+from mizuoto.server.errors import ApiError, field_of, from_exception
 from mizuoto.server.jobs import Cancelled, Job, in_fresh_thread
 from mizuoto.server.state import ServerState
-from mizuoto.server.validation import SpeechParams, field_of
 
 log = logging.getLogger("mizuoto.server")
 JOIN_SECONDS = 5.0  # how long a finished request waits for its worker to release the slot
@@ -32,7 +31,7 @@ class ClientGone(Exception):
     """The client disconnected; its job was cancelled."""
 
 
-def inline_reference(state: ServerState, p: SpeechParams) -> Reference | None:
+def inline_reference(state: ServerState, p: Any) -> Reference | None:
     """The reference given in `ref_audio` (an uploaded voice id or base64 audio), checked now."""
     if p.ref_audio is None:
         return None
@@ -45,7 +44,7 @@ def inline_reference(state: ServerState, p: SpeechParams) -> Reference | None:
     return Reference((samples, rate), p.ref_text)
 
 
-def build_request(state: ServerState, p: SpeechParams, reference: Reference | None, stream: bool,
+def build_request(state: ServerState, p: Any, reference: Reference | None, stream: bool,
                   text: str | Iterable[str] | None = None, lease: Lease | None = None) -> SynthesisRequest:
     """The SynthesisRequest for a checked body; runs in the worker (the model may load first, and is
     pinned for the lease from then on: no other request can evict it before this one runs)."""
@@ -78,7 +77,7 @@ def build_request(state: ServerState, p: SpeechParams, reference: Reference | No
         raise from_exception(e, field_of(str(e))) from None
 
 
-def start_job(state: ServerState, p: SpeechParams, stream: bool, text: str | Iterable[str] | None = None) -> Job:
+def start_job(state: ServerState, p: Any, stream: bool, text: str | Iterable[str] | None = None) -> Job:
     """Take a slot or a place in the queue (or 503) and start the synthesis in a worker thread.
 
     The worker waits in the queue for its slot; the reference audio is decoded there too, off the
@@ -204,12 +203,12 @@ class Pull:
             self._gone.cancel()
 
 
-def headers(p: SpeechParams, rate: int) -> dict:
+def headers(p: Any, rate: int) -> dict:
     """Response headers that describe the audio."""
     return {"X-Sample-Rate": str(rate), "X-Mizuoto-Model": p.model}
 
 
-async def whole(state: ServerState, p: SpeechParams, pull: Pull) -> tuple[bytes, int]:
+async def whole(state: ServerState, p: Any, pull: Pull) -> tuple[bytes, int]:
     """Every chunk, encoded as one file."""
     chunks = []
     while (chunk := await pull.next()) is not None:
@@ -219,7 +218,7 @@ async def whole(state: ServerState, p: SpeechParams, pull: Pull) -> tuple[bytes,
     return await in_fresh_thread(lambda: encode(torch.cat(chunks), pull.rate, p.response_format)), pull.rate
 
 
-async def audio_stream(p: SpeechParams, pull: Pull, first: AudioChunk) -> AsyncIterator[bytes]:
+async def audio_stream(p: Any, pull: Pull, first: AudioChunk) -> AsyncIterator[bytes]:
     """Chunked audio: a WAV header of unknown length (for wav), then PCM16 as produced."""
     try:
         if p.response_format == "wav":
@@ -241,7 +240,7 @@ def sse(event: dict) -> bytes:
     return f"data: {json.dumps(event, separators=(',', ':'))}\n\n".encode()
 
 
-async def sse_stream(p: SpeechParams, pull: Pull, first: AudioChunk) -> AsyncIterator[bytes]:
+async def sse_stream(p: Any, pull: Pull, first: AudioChunk) -> AsyncIterator[bytes]:
     """SSE: speech.audio.delta events (base64 PCM16, or WAV for wav: the header rides on the first) then done."""
     try:
         chunk, prefix = first, wav_header(first.sample_rate) if p.response_format == "wav" else b""
@@ -260,6 +259,6 @@ async def sse_stream(p: SpeechParams, pull: Pull, first: AudioChunk) -> AsyncIte
         pull.cancel()
 
 
-def media_type(p: SpeechParams) -> str:
+def media_type(p: Any) -> str:
     """Content type of the response."""
     return "text/event-stream" if p.stream_format == "sse" else MEDIA_TYPES[p.response_format]

@@ -20,7 +20,7 @@ from mizuoto.server.errors import ApiError
 from mizuoto.server.admission import JobSlots
 from mizuoto.server.jobs import Job
 from mizuoto.server.metrics import Metrics
-from mizuoto.server.validation import NAME
+from mizuoto.server.schemas import NAME, speech_model
 
 
 log = logging.getLogger("mizuoto.server")
@@ -86,6 +86,7 @@ class ServerState:
         self._load_lock = threading.Lock()  # admin loads and unloads; picking a catalogue model's loader
         self._loading: dict[str, threading.Event] = {}  # catalogue models being loaded -> set when done
         self.formats = available_formats()
+        self.speech = speech_model(self.formats, config.max_input_chars)  # the speech body's model
 
     # ---- models --------------------------------------------------------------------------------
     def loaded(self) -> list[str]:

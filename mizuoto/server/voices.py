@@ -7,42 +7,61 @@ each request computes the prompt from it.
 
 from __future__ import annotations
 
-import email.message
-import email.parser
-import email.policy
+from python_multipart.multipart import MultipartParser, MultipartState, parse_options_header
 
 from mizuoto.errors import InvalidRequest, MizuotoError
 from mizuoto.runtime.voicestore import VOICE_ID
 from mizuoto.server.audio import decode_base64, decode_reference
 from mizuoto.server.errors import ApiError, from_exception
 from mizuoto.server.state import ServerState, StoredVoice
-from mizuoto.server.validation import name_field, parse_json, text_field
+from mizuoto.server.schemas import checked, parse_json, voice_models
 
 
-def parse_multipart(body: bytes, content_type: str, max_parts: int = 16) -> tuple[dict[str, str], dict[str, bytes]]:
-    """(text fields, file fields) of a multipart/form-data body, read with the standard library's MIME parser.
+def parse_multipart(body: bytes, content_type: str, max_parts: int = 16, max_file_bytes: int = 32 << 20,
+                    max_field_bytes: int = 16 << 10) -> tuple[dict[str, str], dict[str, bytes]]:
+    """(text fields, file fields) of a multipart/form-data body; a part with a filename is a file."""
+    boundary = parse_options_header(content_type.encode("latin-1", "replace"))[1].get(b"boundary")
+    if not boundary:
+        raise ApiError(400, "multipart/form-data content-type has no boundary")
+    # python-multipart reads no preamble: a body that does not open with the boundary was made with another one
+    if not body.lstrip(b"\r\n").startswith(b"--" + boundary):
+        raise ApiError(400, "multipart body does not start with the boundary its content-type names")
+    parts: list[list] = []  # [name, is a file, chunks, size] of each part
+    head, key, value = {}, bytearray(), bytearray()
 
-    The parts are counted before parsing: a body of thousands of tiny parts is refused, not parsed.
-    """
-    boundary = email.message.Message()
-    boundary["content-type"] = content_type
-    mark = boundary.get_param("boundary")
-    if isinstance(mark, str) and body.count(b"--" + mark.encode("latin-1", "replace")) - 1 > max_parts:
-        raise ApiError(400, f"multipart body has more than {max_parts} parts")
-    message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
-        b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body)
-    if not message.is_multipart():
-        raise ApiError(400, "multipart body could not be parsed (missing or wrong boundary)")
-    fields, files = {}, {}
-    for part in message.iter_parts():
-        name = part.get_param("name", header="content-disposition")
-        if not name:
-            continue
-        payload = part.get_payload(decode=True) or b""
-        if part.get_filename() is not None:
-            files[name] = payload
-        else:
-            fields[name] = payload.decode("utf-8", errors="replace")
+    def begin() -> None:  # counted as they come: thousands of tiny parts stop at the first one too many
+        if len(parts) == max_parts:
+            raise ApiError(400, f"multipart body has more than {max_parts} parts")
+        head.clear()
+
+    def header_end() -> None:
+        head[bytes(key).lower()] = bytes(value)
+        key.clear(), value.clear()
+
+    def headers_finished() -> None:
+        options = parse_options_header(head.get(b"content-disposition"))[1]
+        parts.append([options.get(b"name", b"").decode("utf-8", "replace"), b"filename" in options, [], 0])
+
+    def data(chunk: bytes, start: int, end: int) -> None:  # refused before an oversized part is held whole
+        part, limit = parts[-1], max_file_bytes if parts[-1][1] else max_field_bytes
+        part[3] += end - start
+        if part[3] > limit:
+            raise ApiError(400, f"multipart part {part[0]!r} exceeds its limit of {limit} bytes")
+        part[2].append(chunk[start:end])
+
+    try:  # python-multipart's FormParserError and MultipartParseError are ValueErrors
+        parser = MultipartParser(boundary, {
+            "on_part_begin": begin, "on_header_field": lambda d, s, e: key.extend(d[s:e]),
+            "on_header_value": lambda d, s, e: value.extend(d[s:e]), "on_header_end": header_end,
+            "on_headers_finished": headers_finished, "on_part_data": data})
+        parser.write(body)
+    except ValueError as e:
+        raise ApiError(400, f"multipart body could not be parsed: {e}") from None
+    if parser.state != MultipartState.END:  # its finalize() does not check that the closing boundary came
+        raise ApiError(400, "multipart body ends before its closing boundary")
+    fields = {name: b"".join(c).decode("utf-8", errors="replace") for name, is_file, c, _ in parts if not is_file}
+    files = {name: b"".join(c) for name, is_file, c, _ in parts if is_file}
+    fields.pop("", None), files.pop("", None)  # parts without a name are skipped
     return fields, files
 
 
@@ -51,22 +70,21 @@ def register(state: ServerState, body: bytes, content_type: str) -> dict:
 
     Returns the response body. With `model` the voice is cached (and stored) on that model; without, uploaded.
     """
+    as_json, as_form = voice_models(state.config.max_input_chars)
     if content_type.startswith("multipart/form-data"):
-        fields, files = parse_multipart(body, content_type, state.config.max_upload_parts)
-        audio = files.get("file") or files.get("audio")
+        # a text field holds at most max_input_chars characters, each at most 4 bytes of UTF-8
+        fields, files = parse_multipart(body, content_type, state.config.max_upload_parts,
+                                        state.config.max_body_bytes, state.config.max_input_chars * 4)
+        voice = checked(as_form, {**fields, **files})
+        audio, param = voice.file if voice.file is not None else voice.audio, "file"
         if audio is None:
             raise ApiError(400, "field 'file' (the reference audio upload) is required", "file")
-        param = "file"
     else:
-        fields = parse_json(body)
-        raw = text_field(fields, "audio", required=True)
-        audio, param = decode_base64(raw, "audio"), "audio"
-    voice_id = text_field({"id": fields.get("id", fields.get("name"))}, "id", required=True)  # "name" as an alias
-    if not VOICE_ID.fullmatch(voice_id):
-        raise ApiError(400, f"voice id {voice_id!r} must be 1-64 letters, digits, '_', '.' or '-'", "id")
-    text = text_field(fields, "text", limit=state.config.max_input_chars)
-    given = fields.get("model")
-    model = name_field({"model": None if given == "" else given}, "model")  # a form's empty field: no model
+        voice = checked(as_json, parse_json(body))
+        audio, param = decode_base64(voice.audio, "audio"), "audio"
+    voice_id, text, model = voice.id if voice.id is not None else voice.name, voice.text, voice.model
+    if voice_id is None:
+        raise ApiError(400, "field 'id' is required", "id")
     if model is not None:
         state.check_model(model)
     if voice_id in state.voices:

@@ -23,7 +23,7 @@ from mizuoto.server.errors import ApiError, from_exception
 from mizuoto.server.jobs import Cancelled, in_fresh_thread
 from mizuoto.server.speech import ClientGone, Pull, pcm16, start_job
 from mizuoto.server.state import ServerState
-from mizuoto.server.validation import check_text, parse_speech
+from mizuoto.server.schemas import check_text, checked, speech_model
 
 _DONE = object()
 
@@ -131,8 +131,8 @@ async def session(ws, state: ServerState) -> None:
         start = await _message(ws, state.config.idle_timeout)
         if start["type"] != "session.start":
             raise ApiError(400, f"the first message must be session.start, got {start['type']!r}", "type")
-        p = parse_speech({k: v for k, v in start.items() if k != "type"}, ("pcm",), state.config.max_input_chars,
-                         need_input=False, default_format="pcm")
+        p = checked(speech_model(("pcm",), state.config.max_input_chars, need_input=False, default_format="pcm"),
+                    {k: v for k, v in start.items() if k != "type"})
         if p.input is not None:
             raise ApiError(400, "send the text with input_text.append messages, not in session.start", "input")
         if p.stream_format is not None:

@@ -28,11 +28,12 @@ from wyoming.server import AsyncEventHandler, AsyncServer
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped, SynthesizeVoice
 
 from mizuoto.errors import InvalidRequest, MizuotoError
+from mizuoto.nn.dsp.wav import to_pcm16
 from mizuoto.server.errors import ApiError, from_exception
 from mizuoto.server.jobs import in_fresh_thread
 from mizuoto.server.speech import ClientGone, Pull, start_job
 from mizuoto.server.state import ServerState
-from mizuoto.server.validation import SpeechParams, parse_speech
+from mizuoto.server.schemas import checked, speech_model
 from mizuoto.server.websocket import TextFeed
 
 log = logging.getLogger("mizuoto.wyoming")
@@ -111,13 +112,13 @@ class WyomingService:
                 return v
         raise ApiError(400, f"no served voice speaks language {wanted.language!r}")
 
-    def params(self, voice: VoiceEntry) -> SpeechParams:
+    def params(self, voice: VoiceEntry) -> Any:
         """Checked request fields for a voice (the text goes separately)."""
         data: dict[str, Any] = {"model": voice.model, "voice": voice.voice}
         if self.seed is not None:
             data["seed"] = self.seed
-        return parse_speech(data, ("pcm",), self.state.config.max_input_chars, need_input=False,
-                            default_format="pcm")
+        return checked(speech_model(("pcm",), self.state.config.max_input_chars, need_input=False,
+                                    default_format="pcm"), data)
 
     def check_text(self, text: Any, so_far: int = 0) -> str:
         """The text of a request or chunk, refused when it is not a string or past the length limit."""
@@ -161,7 +162,7 @@ def _voice_of(event: Event) -> SynthesizeVoice | None:
 class _Stream:
     """One synthesize-start ... synthesize-stop: text goes into the job as it arrives, audio out as it is made."""
 
-    def __init__(self, handler: WyomingHandler, voice: VoiceEntry, params: SpeechParams, stream_in: bool):
+    def __init__(self, handler: WyomingHandler, voice: VoiceEntry, params: Any, stream_in: bool):
         self.handler, self.voice, self.params, self.stream_in = handler, voice, params, stream_in
         self.feed = TextFeed()
         self.pieces: list[str] = []
@@ -263,7 +264,7 @@ class WyomingHandler(AsyncEventHandler):
             self.stream = None
             self.dropping = failed
 
-    async def speak(self, params: SpeechParams, text: str | TextFeed) -> bool:
+    async def speak(self, params: Any, text: str | TextFeed) -> bool:
         """Run one job and send its audio; False (after an error event) when it failed."""
         pull = Pull(self.service.state, start_job(self.service.state, params, True, text), params.model, None)
         started = False
@@ -273,7 +274,7 @@ class WyomingHandler(AsyncEventHandler):
                 if not started:
                     await self.write_event(AudioStart(rate=rate, width=2, channels=1).event())
                     started = True
-                pcm = _pcm16(chunk.samples)
+                pcm = to_pcm16(chunk.samples)
                 step = SAMPLES_PER_CHUNK * 2
                 for at in range(0, len(pcm), step):
                     await self.write_event(AudioChunk(rate=rate, width=2, channels=1, audio=pcm[at:at + step]).event())
@@ -306,12 +307,6 @@ class WyomingHandler(AsyncEventHandler):
     async def disconnect(self) -> None:
         """The client left: cancel what it started."""
         self._drop_stream()
-
-
-def _pcm16(samples: Any) -> bytes:
-    from mizuoto.server.audio import pcm16
-
-    return pcm16(samples)
 
 
 class WyomingServer:

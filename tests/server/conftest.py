@@ -319,7 +319,7 @@ def planned_memory(client: httpx.Client) -> dict:
     for line in client.get("/metrics").text.splitlines():
         if line.startswith("mizuoto_memory_planned_bytes{"):
             labels, value = line.rsplit(" ", 1)
-            out[labels] = int(value)
+            out[labels] = int(float(value))  # written as a float ('3.08e+06')
     return out
 
 

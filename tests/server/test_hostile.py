@@ -217,6 +217,20 @@ def test_silent_and_half_sent_connections_are_closed(hostile):
     _healthy(client)
 
 
+def test_a_second_request_half_sent_on_a_kept_alive_connection_is_closed(hostile):
+    """The header timeout holds for every request of a connection, not only its first: after one whole request,
+    half of a second one does not keep the connection open."""
+    server, _ = hostile
+    with socket.create_connection((server.host, server.port)) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.settimeout(10)
+        reply = b""
+        while b'"ok"' not in reply:
+            reply += sock.recv(4096)
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+        assert _closed_within(sock, 20 * TIMEOUT) == b""
+
+
 def test_a_body_trickled_below_the_idle_timeout_gets_a_408_at_the_body_timeout(hostile):
     """One byte every 0.6 idle timeouts never stalls, yet the whole body has a deadline of its own."""
     server, client = hostile
@@ -295,7 +309,7 @@ def test_names_are_checked_where_they_enter_and_never_reach_headers_or_metrics(h
     metrics = client.get("/metrics").text
     assert "mizuoto_forged_total" not in metrics and "nope-" not in metrics
     for line in metrics.splitlines():
-        assert line.startswith(("#", "mizuoto_")), line
+        assert line.startswith(("#", "mizuoto_", "process_", "python_")), line  # and the library's standard ones
     _healthy(client)
 
 

@@ -165,4 +165,8 @@ def test_health_ready_metrics(client):
     for family in ("mizuoto_requests_total", "mizuoto_requests_in_flight", "mizuoto_first_chunk_seconds_bucket",
                    "mizuoto_rtf_bucket", "mizuoto_memory_planned_bytes", "mizuoto_memory_used_bytes"):
         assert family in text, family
-    assert 'mizuoto_requests_total{route="speech",model="tone",status="200"}' in text
+    from prometheus_client.parser import text_string_to_metric_families  # label order is the library's
+
+    counted = {tuple(sorted(s.labels.items())): s.value for f in text_string_to_metric_families(text)
+               if f.name == "mizuoto_requests" for s in f.samples if s.name == "mizuoto_requests_total"}
+    assert counted[("model", "tone"), ("route", "speech"), ("status", "200")] >= 1

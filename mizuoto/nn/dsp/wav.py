@@ -5,9 +5,11 @@ backend='soundfile')` decodes to float32 [C, N] (PCM scaled by 1/2^(bits-1), so 
 the channels are averaged to [1, N], and audio at another rate is resampled with torchaudio's
 sinc resampler, which upstream only allows from 16 kHz or more.
 
-Writing quantizes floats to PCM itself (round(x * 2^(bits-1)), clipped), so that a PCM file we
-write reads back exactly to the samples that produced it; libsndfile's own float-to-PCM
-conversion scales by 2^(bits-1) - 1, the inverse of nothing it reads.
+Writing quantizes floats to PCM itself (`quantize_pcm`: rint(x * 2^(bits-1)), clipped), so that a
+PCM file we write reads back exactly to the samples that produced it; libsndfile's own float-to-PCM
+conversion scales by 2^(bits-1) - 1, the inverse of nothing it reads. `to_pcm16` is the same
+rounding as raw bytes: the server's wav/pcm bodies and Wyoming's chunks use it, so they carry the
+same PCM as a PCM_16 file written here.
 """
 
 from __future__ import annotations
@@ -109,7 +111,12 @@ def load_wav(source: AudioSource | AudioArray, target_rate: int, source_rate: in
 
 
 def quantize_pcm(samples: np.ndarray, bits: int) -> np.ndarray:
-    """Float samples -> int16 (16 bits) or left-justified int32 (24 bits), round(x * 2^(bits-1)), clipped."""
+    """Float samples -> int16 (16 bits) or left-justified int32 (24 bits): the one float-to-PCM rounding.
+
+    x * 2^(bits-1), rounded half to even (np.rint), clipped to [-2^(bits-1), 2^(bits-1) - 1]. The
+    scale is the inverse of how libsndfile (and so read_audio) decodes PCM, int / 2^(bits-1): a
+    written sample reads back within half a step, and a sample on that grid reads back exactly.
+    """
     if bits not in (16, 24):
         raise AudioError(f"PCM bit depth must be 16 or 24, got {bits}")
     scale = float(1 << (bits - 1))
@@ -117,6 +124,12 @@ def quantize_pcm(samples: np.ndarray, bits: int) -> np.ndarray:
     if bits == 16:
         return q.astype(np.int16)
     return q.astype(np.int32) << 8  # libsndfile takes the top 24 bits of int32 data
+
+
+def to_pcm16(samples: AudioArray) -> bytes:
+    """Little-endian signed 16-bit PCM bytes of float samples, quantized by quantize_pcm (x * 32768, rint, clipped)."""
+    x = samples.detach().cpu().numpy() if isinstance(samples, Tensor) else np.asarray(samples)
+    return quantize_pcm(x, 16).astype("<i2", copy=False).tobytes()
 
 
 def encode_audio(audio: AudioArray, sample_rate: int, fmt: str, subtype: str) -> bytes:

@@ -6,6 +6,7 @@ import soundfile as sf
 import torch
 
 from mizuoto.nn.dsp import load_wav, read_audio, to_mono, wav_bytes, write_wav
+from mizuoto.nn.dsp.wav import to_pcm16
 from mizuoto.errors import AudioError
 
 
@@ -54,6 +55,19 @@ def test_pcm_quantization_rounds_and_clips(tmp_path):
     y = read_audio(tmp_path / "q.wav")[0][0]
     expected = torch.tensor([3277, -3277, 32767, -32768, 32767, -32768, 32767]) / 32768
     assert torch.equal(y, expected.float())
+
+
+def test_to_pcm16_rounds_half_to_even_and_reads_back_within_half_a_step():
+    """to_pcm16 is rint(x * 32768) clipped; soundfile reads it as int16 / 32768, within half a step of x."""
+    ties = np.array([0.5, 1.5, -0.5, -2.5, 32767.5, 40000, -32768.5]) / 32768
+    x = np.concatenate([np.random.default_rng(0).uniform(-1.1, 1.1, 20000), ties]).astype(np.float32)
+    q = np.frombuffer(to_pcm16(x), "<i2")
+    assert q[-len(ties):].tolist() == [0, 2, 0, -2, 32767, 32767, -32768]
+    assert torch.equal(read_audio(wav_bytes(x, 16000))[0][0], torch.from_numpy(q / np.float32(32768)))
+    inside = (x >= -32768.5 / 32768) & (x <= 32767.5 / 32768)
+    assert np.abs(q[inside] / 32768 - x[inside].astype(np.float64)).max() <= 0.5 / 32768
+    assert (q[x > 1] == 32767).all() and (q[x < -1] == -32768).all()
+    assert to_pcm16(torch.from_numpy(x)) == to_pcm16(x)
 
 
 def test_stereo_is_mixed_by_mean(tmp_path):

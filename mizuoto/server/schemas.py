@@ -1,0 +1,388 @@
+"""The HTTP contract as pydantic models: each field declared once (type, range, default, description), checked
+by its validator with a 400 naming it, and turned into /openapi.json's schemas by FastAPI.
+
+The schemas are never stricter than the server: a body they refuse is refused by the server too (the
+fuzz checks it). Some rules are stricter in the server than in the document (blank text, NUL, a voice
+that is not the model's), and those are still 400s.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import re
+import unicodedata
+from typing import Annotated, Any, Literal
+
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, create_model,
+                      model_validator)
+from pydantic.json_schema import SkipJsonSchema
+from pydantic_core import PydanticCustomError
+
+from mizuoto.runtime.engine import SPEED_RANGE
+from mizuoto.runtime.voicestore import VOICE_ID
+from mizuoto.server.audio import STREAMABLE, missing_format
+from mizuoto.server.errors import ApiError
+
+STREAM_FORMATS = ("audio", "sse")
+SEED_LIMIT = 2**63  # seeds lie in [0, SEED_LIMIT)
+VOICE_CHARS = 128  # longest voice id a request may name
+# Names a client chooses (model names, voice ids) appear in headers, metrics and logs: letters, digits and a
+# few separators only ('/' and ':' for hub ids such as org/name). Matched whole (fullmatch): re's '$' alone
+# would let a trailing newline through. The pattern is also the document's, where '$' means the end.
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$")
+# Strict: no silent coercion ("1" is not a speed, 1.0 not a seed); unknown fields are refused (typos).
+STRICT = ConfigDict(extra="forbid", strict=True)
+# A field that may be left out but is never null when given (the document says so; the server reads a null as absent)
+Omitted = SkipJsonSchema[None]
+
+
+def _fail(message: str, field: str | None = None) -> PydanticCustomError:
+    """The server's own words for a problem (`field`: for a check of several fields, the one it names)."""
+    return PydanticCustomError("mizuoto", "{message}", {"message": message, "field": field})
+
+
+def check_text(value: str, name: str) -> None:
+    """A 400 for text that cannot be spoken or encoded: lone surrogates and NUL characters."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ApiError(400, f"field '{name}' is not valid Unicode (a lone surrogate at character {e.start})",
+                       name) from None
+    if "\x00" in value:
+        raise ApiError(400, f"field '{name}' contains a NUL character", name)
+
+
+def _text(value: Any, info: ValidationInfo, limit: int | None = None) -> Any:
+    name = info.field_name
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise _fail(f"field '{name}' must be a string, got {type(value).__name__}")
+    if not value.strip():
+        raise _fail(f"field '{name}' is empty")
+    if limit is not None and len(value) > limit:
+        raise _fail(f"field '{name}' has {len(value)} characters; the limit is {limit}")
+    try:
+        check_text(value, name)
+    except ApiError as e:
+        raise _fail(e.message) from None
+    return value
+
+
+def _name(value: Any, info: ValidationInfo) -> Any:
+    if _text(value, info) is not None and not NAME.fullmatch(value):
+        raise _fail(f"field '{info.field_name}' must be 1-128 letters, digits or '_', '.', ':', '/', '-' "
+                    "(starting with a letter or digit)")
+    return value
+
+
+def _voice(value: Any, info: ValidationInfo) -> Any:
+    if _text(value, info) is not None and (len(value) > VOICE_CHARS or any(
+            unicodedata.category(c)[0] == "C" or c in "\u2028\u2029" for c in value)):
+        raise _fail(f"field '{info.field_name}' must be a voice id: at most {VOICE_CHARS} printable characters")
+    return value
+
+
+def _speed(value: Any) -> Any:
+    lo, hi = SPEED_RANGE
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not lo <= value <= hi:
+        raise _fail(f"speed must be a number between {lo:g} and {hi:g}, got {value!r}")
+    return float(value)
+
+
+def _seed(value: Any) -> Any:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < SEED_LIMIT):
+        raise _fail(f"seed must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _stream_format(value: Any) -> Any:
+    if value is not None and value not in STREAM_FORMATS:
+        raise _fail(f"stream_format must be 'audio' or 'sse', got {value!r}")
+    return value
+
+
+def Text(description: str, limit: int | None = None) -> Any:  # noqa: N802 (a type, as typing's are)
+    """A string field: not blank, no NUL or lone surrogate, at most `limit` characters."""
+    # the Field first: its constraints then apply to the string the validator has passed
+    return Annotated[str, Field(min_length=1, max_length=limit, description=description + " (not blank, no NUL)"),
+                     BeforeValidator(functools.partial(_text, limit=limit))]
+
+
+def Name(description: str) -> Any:  # noqa: N802
+    """A model name: `NAME`'s characters only, so it is safe in headers, metrics and logs."""
+    return Annotated[str, Field(pattern=NAME.pattern, description=description), BeforeValidator(_name)]
+
+
+@functools.cache
+def speech_model(formats: tuple[str, ...], max_chars: int, need_input: bool = True,
+                 default_format: str = "wav") -> type[BaseModel]:
+    """The POST /v1/audio/speech body (and a WebSocket or Wyoming session's fields) of a server."""
+
+    def response_format(value: Any) -> Any:
+        if not isinstance(value, str) or value not in formats:
+            raise _fail(missing_format(value, formats))
+        return value
+
+    def streamable(self: BaseModel) -> BaseModel:
+        if self.stream_format is not None and self.response_format not in STREAMABLE:
+            raise _fail(f"response_format {self.response_format!r} cannot be streamed; use wav or pcm",
+                        "response_format")
+        return self
+
+    lo, hi = SPEED_RANGE
+    text = Text("text to speak", max_chars)
+    fields = {
+        "model": (Name("a served model's name (GET /v1/models lists them)"), ...),
+        "input": (text, ...) if need_input else (text | None, None),
+        "voice": (Annotated[str, Field(min_length=1, max_length=VOICE_CHARS, description=(
+            "a preset voice of the model or a registered voice id; default: the model's first preset; ignored when "
+            "ref_audio is given")), BeforeValidator(_voice)] | None, None),
+        "instructions": (Text("instruction text (models with mode instruct)", max_chars) | None, None),
+        "response_format": (Annotated[Literal[formats], Field(description=f"streaming takes {' or '.join(STREAMABLE)} "
+                                                                       "only"), BeforeValidator(response_format)],
+                            default_format),
+        "speed": (Annotated[float, Field(ge=lo, le=hi), BeforeValidator(_speed)], 1.0),
+        "stream_format": (Annotated[Literal[STREAM_FORMATS] | None, Field(
+            description="absent: one whole file; audio: chunked audio as produced; sse: server-sent events"),
+            BeforeValidator(_stream_format)], None),
+        "ref_audio": (Text("reference audio to clone: base64 (or a data: URL) of a wav/flac/ogg/mp3 file, "
+                           "16-192 kHz, 0.5-60 s; or a registered voice id") | None, None),
+        "ref_text": (Text("transcript of ref_audio", max_chars) | None, None),
+        "seed": (Annotated[int, Field(ge=0, lt=SEED_LIMIT), BeforeValidator(_seed)] | None,
+                 Field(None, description="makes sampling repeatable (Mizuoto extension)")),
+    }
+    return create_model("SpeechRequest", __config__=STRICT,
+                        __validators__={"streamable": model_validator(mode="after")(streamable)}, **fields)
+
+
+class LoadRequest(BaseModel):
+    """POST /v1/models/load."""
+
+    model_config = STRICT
+    model: Name("the name to load it under")
+    path: Text("a served model directory, or one inside a --model-root; absent: the catalogue's directory "
+               "of that name") | None = None
+    engine: Text("the engine to load it with; absent: detected") | None = None
+
+
+class UnloadRequest(BaseModel):
+    """POST /v1/models/unload."""
+
+    model_config = STRICT
+    model: Name("a model's name")
+
+
+def _voice_id(value: Any, info: ValidationInfo) -> Any:
+    if _text(value, info) is not None and not VOICE_ID.fullmatch(value):
+        raise _fail(f"voice id {value!r} must be 1-64 letters, digits, '_', '.' or '-'")
+    return value
+
+
+def _no_model(value: Any) -> Any:
+    return None if value == "" else value  # a form's empty field: no model
+
+
+VoiceId = Annotated[str, Field(pattern=VOICE_ID.pattern, description="the voice id"), BeforeValidator(_voice_id)]
+_ON_MODEL = "cache the voice on this model (and store it); absent, null or empty: keep the audio"
+VoiceModel = Annotated[Name(_ON_MODEL) | Literal[""] | None, BeforeValidator(_no_model)]
+FormModel = Annotated[Name(_ON_MODEL) | Literal[""] | Omitted, BeforeValidator(_no_model)]  # a form has no null
+
+
+@functools.cache
+def voice_models(max_chars: int) -> tuple[type[BaseModel], type[BaseModel]]:
+    """(the JSON, the form) bodies of POST /v1/audio/voices: base64 audio, or a multipart form with the file."""
+    class VoiceJson(BaseModel):
+        model_config = ConfigDict(strict=True)  # other fields are ignored, as they always were
+        id: VoiceId | Omitted = None
+        name: VoiceId | Omitted = Field(None, description="an alias of id, read only when id is absent")
+        audio: Text("base64 (or a data: URL) of a wav/flac/ogg/mp3 file, 16-192 kHz, 0.5-60 s")
+        text: Text("transcript of the audio", max_chars) | None = None
+        model: VoiceModel = None
+
+    class VoiceForm(BaseModel):
+        model_config = ConfigDict(strict=True, json_schema_extra={"anyOf": [{"required": ["file"]},
+                                                                               {"required": ["audio"]}]})
+        id: VoiceId | Omitted = None
+        name: VoiceId | Omitted = Field(None, description="an alias of id, read only when id is absent")
+        text: Text("transcript of the audio", max_chars) | Omitted = None
+        model: FormModel = None
+        file: Annotated[bytes | Omitted, Field(description="the reference audio (a file part)")] = None
+        audio: Annotated[bytes | Omitted, Field(description="the same, read when file is absent")] = None
+
+    return VoiceJson, VoiceForm
+
+
+def parse_json(body: bytes) -> Any:
+    """The JSON value of a request body (its models say whether it must be an object)."""
+    try:
+        return json.loads(body)
+    except RecursionError:
+        raise ApiError(400, "request body is nested too deeply") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"request body is not valid JSON: {e}") from None
+
+
+def checked(model: type[BaseModel], data: Any) -> Any:
+    """`data` (a parsed JSON body) as `model`, or the first problem as a 400 naming its field."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise problem(e.errors(include_url=False), list(model.model_fields)) from None
+
+
+def problem(errors: list[dict], known: list[str]) -> ApiError:
+    """The 400 of pydantic's first error, in the server's words."""
+    error = errors[0]
+    field = next((str(x) for x in error["loc"] if x != "body" and isinstance(x, str)), None)
+    kind = error["type"]
+    if kind == "mizuoto":
+        message, field = error["ctx"]["message"], error["ctx"]["field"] or field
+    elif kind == "missing":
+        message = f"field '{field}' is required"
+    elif kind == "extra_forbidden":
+        message = f"unknown field '{field}'; known fields: {', '.join(known)}"
+    elif kind in ("model_type", "dict_type", "model_attributes_type"):
+        field = None
+        message = f"request body must be a JSON object, got {type(error['input']).__name__}"
+    else:
+        message = f"field '{field}': {error['msg']}" if field else error["msg"]
+    return ApiError(400, message, field)
+
+
+# ---- responses (for the document; the handlers build the same bodies) ------------------------------
+class ErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: int
+
+
+class Error(BaseModel):
+    """Every error answer: OpenAI's error body."""
+
+    error: ErrorBody
+
+
+class ModelEntry(BaseModel):
+    """A served model: loaded ones in full, catalogue ones not loaded now with loaded: false."""
+
+    id: str
+    object: Literal["model"]
+    created: int | Omitted = None
+    loaded: bool
+    path: str | Omitted = None
+    owned_by: str
+    engine: str | Omitted = None
+    variant: str | None = None
+    device: str | Omitted = None
+    state: Literal["device", "host"] | Omitted = None
+    strategy: str | Omitted = None
+    sample_rate: int | Omitted = None
+    modes: list[str] | Omitted = None
+    stream_out: bool | Omitted = None
+    stream_in: bool | Omitted = None
+    languages: list[str] | Omitted = None
+    voices: list[str] | Omitted = None
+
+
+class LoadedModel(ModelEntry):
+    evicted: list[str] = Field(description="models the planner evicted to make room")
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[ModelEntry]
+
+
+class Unloaded(BaseModel):
+    id: str
+    object: Literal["model"]
+    loaded: Literal[False]
+
+
+class VoiceEntry(BaseModel):
+    """A voice: uploaded, a model's preset, or cached on a model (and stored)."""
+
+    id: str
+    object: Literal["voice"]
+    kind: Literal["uploaded", "preset", "cached"]
+    model: str | None = None
+    sample_rate: int | Omitted = None
+    seconds: float | Omitted = None
+    stored: bool | Omitted = None
+    loaded: bool | Omitted = None
+    has_text: bool | Omitted = None
+    description: str | Omitted = None
+
+
+class VoiceList(BaseModel):
+    object: Literal["list"]
+    data: list[VoiceEntry]
+
+
+class Deleted(BaseModel):
+    id: str
+    object: Literal["voice"]
+    deleted: Literal[True]
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class Ready(BaseModel):
+    status: Literal["ready", "busy", "no model loaded", "shutting down"]
+    models: list[str] | Omitted = None
+    in_flight: int | Omitted = None
+    queued: int | Omitted = None
+    loop_failures: dict[str, int] | Omitted = Field(None, description="each model's compute loop failures, if any")
+
+
+class Usage(BaseModel):
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+
+
+class AudioDelta(BaseModel):
+    type: Literal["speech.audio.delta"]
+    audio: str = Field(json_schema_extra={"contentEncoding": "base64"},
+                       description="PCM16 (for wav the first delta starts with a WAV header)")
+
+
+class AudioDone(BaseModel):
+    type: Literal["speech.audio.done"]
+    sample_rate: int
+    seconds: float
+    usage: Usage
+
+
+class ErrorEvent(BaseModel):
+    type: Literal["error"]
+    error: ErrorBody
+
+
+class SpeechEvent(BaseModel):
+    """One server-sent event of a speech stream: its data is one of these as JSON."""
+
+    data: str = Field(json_schema_extra={"contentMediaType": "application/json"})
+    # the data's JSON schema, for clients: a speech.audio.delta, a speech.audio.done or an error
+    model_config = ConfigDict(json_schema_extra=lambda schema, model: schema["properties"]["data"].update(
+        contentSchema={"oneOf": [_inline(m) for m in (AudioDelta, AudioDone, ErrorEvent)]}))
+
+
+def _inline(model: type[BaseModel]) -> dict:
+    """`model`'s schema with its nested models written in place (a `$ref` inside an event's data could not
+    point into the document)."""
+    schema = model.model_json_schema()
+    defs = schema.pop("$defs", {})
+
+    def walk(x: Any) -> Any:
+        if isinstance(x, dict):
+            return walk(defs[x["$ref"].rsplit("/", 1)[1]]) if "$ref" in x else {k: walk(v) for k, v in x.items()}
+        return [walk(v) for v in x] if isinstance(x, list) else x
+    return walk(schema)
