@@ -18,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.security import HTTPBearer
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from mizuoto import __version__
@@ -143,10 +144,11 @@ async def _speech(request: Request) -> Response:
                              headers=speech.headers(p, first.sample_rate))
 
 
-def _model_entry(state: ServerState, name: str) -> dict:
+def _model_entry(state: ServerState, name: str, admin: bool = True) -> dict:
     loaded = name in state.loaded()
-    entry = {"id": name, "object": "model", "created": 0, "loaded": loaded,
-             "path": str(state.catalogue.get(name, ""))}
+    entry = {"id": name, "object": "model", "created": 0, "loaded": loaded}
+    if admin:  # where a model lies on the server is the administrator's business only
+        entry["path"] = str(state.catalogue.get(name, ""))
     if loaded:
         info = state.runtime.info(name)
         caps = info.capabilities
@@ -162,7 +164,8 @@ def _model_entry(state: ServerState, name: str) -> dict:
 async def _models(request: Request) -> Response:
     state = _state(request)
     names = list(dict.fromkeys([*state.loaded(), *state.catalogue]))
-    return JSONResponse({"object": "list", "data": [_model_entry(state, n) for n in names]})
+    admin = state.is_admin(request.headers.get("authorization"))
+    return JSONResponse({"object": "list", "data": [_model_entry(state, n, admin) for n in names]})
 
 
 async def _load(request: Request) -> Response:
@@ -297,6 +300,11 @@ async def _api_error(request: Request, exc: Exception) -> Response:
     return _error(error)
 
 
+async def _client_gone(request: Request, exc: ClientDisconnect) -> Response:
+    """A client that closed while sending its body: counted as 499 (client closed request), not a server error."""
+    return Response(status_code=499)
+
+
 async def _http_error(request: Request, exc: HTTPException) -> Response:
     """Starlette's own errors (unknown route 404, wrong method 405) as JSON like every other error."""
     return _error(ApiError(exc.status_code, str(exc.detail), headers=dict(exc.headers or {})))
@@ -417,7 +425,7 @@ def create_app(runtime: Any, config: ServerConfig | None = None, models: dict[st
 
     app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url="/openapi.json",
                   exception_handlers={ApiError: _api_error, HTTPException: _http_error,
-                                      RequestValidationError: _invalid})
+                                      RequestValidationError: _invalid, ClientDisconnect: _client_gone})
     app.add_exception_handler(MizuotoError, _api_error)  # the runtime's errors, mapped as ApiError's are
     for path, handler, method, name, admin, doc in _routes(state):
         needs = [] if admin is None or (not admin and state.config.api_key is None) else [_authorize(admin)]

@@ -16,8 +16,9 @@ class ApiError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None, headers: dict | None = None):
         super().__init__(message)
         self.status = status
-        self.message = " ".join(str(message).split())
-        self.param = param
+        # a lone surrogate a client sent cannot be encoded in the answer: escaped, never a 500
+        self.message = " ".join(str(message).split()).encode("utf-8", "backslashreplace").decode()
+        self.param = None if param is None else param.encode("utf-8", "backslashreplace").decode()
         self.headers = headers or {}
 
     def body(self) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import defaultdict
 from collections.abc import Iterator
@@ -97,27 +98,19 @@ class Metrics:
             return
         admission, memory, batches, evictions, loop_failures = self._scrape
 
-        def gauge(name: str, text: str, value: float | None = None, labels: tuple = (),
-                  rows: list = ()) -> GaugeMetricFamily:
-            family = GaugeMetricFamily(f"mizuoto_{name}", text, value=value, labels=None if value is not None
-                                       else labels)
+        def family(kind: type, name: str, text: str, value: float | None = None, labels: tuple = (),
+                   rows: list = ()) -> Metric:
+            out = kind(f"mizuoto_{name}", text, value=value, labels=None if value is not None else labels)
             for row in rows:
-                family.add_metric(*row)
-            return family
-
-        def counter(name: str, text: str, value: float | None = None, labels: tuple = (),
-                    rows: list = ()) -> CounterMetricFamily:
-            family = CounterMetricFamily(f"mizuoto_{name}", text, value=value, labels=None if value is not None
-                                         else labels)
-            for row in rows:
-                family.add_metric(*row)
-            return family
+                out.add_metric(*row)
+            return out
+        gauge, counter = functools.partial(family, GaugeMetricFamily), functools.partial(family, CounterMetricFamily)
 
         def histogram(name: str, text: str, per: dict[tuple, _Histogram], labels: tuple) -> HistogramMetricFamily:
-            family = HistogramMetricFamily(f"mizuoto_{name}", text, labels=labels)
+            out = HistogramMetricFamily(f"mizuoto_{name}", text, labels=labels)
             for key, h in sorted(per.items()):
-                h.add_to(family, list(key))
-            return family
+                h.add_to(out, list(key))
+            return out
 
         with self._lock:
             yield counter("requests", "Requests answered, by route, model and status.",

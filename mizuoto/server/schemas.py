@@ -86,6 +86,8 @@ def _voice(value: Any, info: ValidationInfo) -> Any:
 
 
 def _speed(value: Any) -> Any:
+    if value is None:  # null is absent, as for every optional field
+        return 1.0
     lo, hi = SPEED_RANGE
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
             or not lo <= value <= hi:
@@ -123,6 +125,8 @@ def speech_model(formats: tuple[str, ...], max_chars: int, need_input: bool = Tr
     """The POST /v1/audio/speech body (and a WebSocket or Wyoming session's fields) of a server."""
 
     def response_format(value: Any) -> Any:
+        if value is None:  # null is absent, as for every optional field
+            return default_format
         if not isinstance(value, str) or value not in formats:
             raise _fail(missing_format(value, formats))
         return value
@@ -245,6 +249,8 @@ def problem(errors: list[dict], known: list[str]) -> ApiError:
         message = f"field '{field}' is required"
     elif kind == "extra_forbidden":
         message = f"unknown field '{field}'; known fields: {', '.join(known)}"
+    elif kind == "string_unicode" and not error["loc"]:  # a key, not a value
+        message = f"a field name is not valid Unicode: {error['input']!r}"
     elif kind in ("model_type", "dict_type", "model_attributes_type"):
         field = None
         message = f"request body must be a JSON object, got {type(error['input']).__name__}"
@@ -274,7 +280,7 @@ class ModelEntry(BaseModel):
     object: Literal["model"]
     created: int | Omitted = None
     loaded: bool
-    path: str | Omitted = None
+    path: str | Omitted = Field(None, description="the model's directory (shown with the admin key only)")
     owned_by: str
     engine: str | Omitted = None
     variant: str | None = None

@@ -102,6 +102,14 @@ class ServerState:
         """`name` for metrics when it is a served model, else "" (a client cannot grow the label set)."""
         return name if name in self.catalogue else ""
 
+    def is_admin(self, header: str | None) -> bool:
+        """Whether the request carries the admin key."""
+        try:
+            self.authorize(header, admin=True)
+            return True
+        except ApiError:
+            return False
+
     def authorize(self, header: str | None, admin: bool) -> None:
         """401/403 unless the request carries the key its route needs (`Authorization: Bearer <key>`)."""
         token = header[7:].strip() if header and header[:7].lower() == "bearer " else None

@@ -2,6 +2,7 @@
 
 import base64
 import io
+import time
 
 import numpy as np
 import pytest
@@ -85,3 +86,39 @@ def test_unknown_route_and_method(client):
     """Routes that do not exist or wrong methods are 404/405, not 500."""
     assert client.get("/v1/nothing").status_code == 404
     assert client.get("/v1/audio/speech").status_code == 405
+
+
+@pytest.mark.parametrize("body", [b'{"\\ud800": 1, "model": "tone", "input": "hi"}',
+                                  b'{"model": "tone", "input": "hi", "voice": "\\udc00x"}'])
+def test_a_lone_surrogate_anywhere_is_a_400(client, body):
+    """A lone surrogate in a key or a value is a 400 with the JSON error body (its message escapes it), not a 500."""
+    r = client.post("/v1/audio/speech", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert "Unicode" in r.json()["error"]["message"] and r.json()["error"]["code"] == 400
+
+
+def test_a_client_closing_mid_body_is_not_a_server_error(server, client):
+    """A client that closes while sending its body is counted as 499 (client closed request), never as a 500."""
+    import socket
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def counted(status: int) -> float:
+        return sum(s.value for f in text_string_to_metric_families(client.get("/metrics").text) for s in f.samples
+                   if s.name == "mizuoto_requests_total" and s.labels == {"route": "speech", "model": "",
+                                                                           "status": str(status)})
+
+    before = counted(499), counted(500)
+    with socket.create_connection((server.host, server.port)) as sock:
+        sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 1000\r\n\r\n{\"mo")
+    end = time.monotonic() + 10
+    while counted(499) == before[0] and time.monotonic() < end:
+        time.sleep(0.05)
+    assert (counted(499), counted(500)) == (before[0] + 1, before[1])
+
+
+def test_null_is_absent_for_every_optional_field(client):
+    """speed and response_format take null as their default, as every other optional field does."""
+    r = client.post("/v1/audio/speech", json={**GOOD, "speed": None, "response_format": None, "seed": None})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("audio/wav"), r.text

@@ -127,3 +127,13 @@ def test_real_engines_evict_each_other(served_dirs, client, h, cosy_expected):
             assert _loaded(c) == {small: False, big: False} and c.get("/ready").status_code == 503
     finally:
         s.stop()
+
+
+def test_model_paths_are_for_the_admin_only(budget_server):
+    """GET /v1/models names where each model lies on the server only to a client with the admin key."""
+    c, _ = budget_server
+    assert all(m["path"] for m in c.get("/v1/models").json()["data"])  # this client has the admin key
+    anonymous = c.get("/v1/models", headers={"Authorization": ""}).json()["data"]
+    assert anonymous and all("path" not in m for m in anonymous)
+    wrong = c.get("/v1/models", headers={"Authorization": "Bearer not-the-key"}).json()["data"]
+    assert all("path" not in m for m in wrong)
