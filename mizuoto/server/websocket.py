@@ -8,7 +8,8 @@ Protocol (JSON text frames from the client, audio as binary frames of PCM16 mono
   server: binary audio frames, then {"type": "speech.audio.done", "seconds": ..., "chunks": ...}; closes.
 Errors: {"type": "error", "error": {...}} and the socket closes. A model that cannot take text
 in pieces (stream_in false) speaks once input_text.done arrives. A session takes a job slot only
-from its first text on, and one silent for the idle timeout is closed.
+from its first text on; one silent for the idle timeout, or whose text is not all in within
+the body timeout of its first piece, is closed with a 408 error.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import queue
+import time
 from collections.abc import Iterator
 
 from mizuoto.runtime.lease import POLL_S, Lease
@@ -66,11 +68,15 @@ class TextFeed:
             yield item
 
 
-async def _message(ws, idle: float) -> dict:
-    """The next JSON message; a session silent for `idle` seconds is ended (it would hold the socket)."""
+async def _message(ws, idle: float, end: float | None = None, total: float = 0.0) -> dict:
+    """The next JSON message; a session silent for `idle` seconds, or (with `end`, a monotonic time) whose text
+    is not all in by then, is ended: it would hold the socket, and from its first text a job slot."""
+    left = idle if end is None else min(idle, max(end - time.monotonic(), 0.0))
     try:
-        message = await asyncio.wait_for(ws.receive(), idle)
+        message = await asyncio.wait_for(ws.receive(), left)
     except asyncio.TimeoutError:
+        if left < idle:  # a text dripped below the idle timeout still ends
+            raise ApiError(408, f"the session's text took longer than {total:g} s") from None
         raise ApiError(408, f"the session sent nothing for {idle:g} s") from None
     if message["type"] == "websocket.disconnect":
         from starlette.websockets import WebSocketDisconnect
@@ -90,9 +96,9 @@ async def _message(ws, idle: float) -> dict:
     return data
 
 
-async def _next_text(ws, state: ServerState) -> str | None:
-    """The next input_text.append's text, or None at input_text.done."""
-    msg = await _message(ws, state.config.idle_timeout)
+async def _next_text(ws, state: ServerState, end: float | None = None) -> str | None:
+    """The next input_text.append's text, or None at input_text.done (refused past `end`)."""
+    msg = await _message(ws, state.config.idle_timeout, end, state.config.body_timeout)
     if msg["type"] == "input_text.done":
         return None
     if msg["type"] != "input_text.append":
@@ -105,9 +111,11 @@ async def _next_text(ws, state: ServerState) -> str | None:
 
 
 async def _read_text(ws, state: ServerState, into: TextFeed | list, chars: int = 0) -> None:
-    """Text messages until input_text.done, into a live feed (ended or cancelled here) or a list."""
+    """Text messages until input_text.done, into a live feed (ended or cancelled here) or a list; the whole
+    text has --body-timeout from now, as a request body has."""
+    end = time.monotonic() + state.config.body_timeout
     try:
-        while (text := await _next_text(ws, state)) is not None:
+        while (text := await _next_text(ws, state, end)) is not None:
             chars += len(text)
             if chars > state.config.max_input_chars:
                 raise ApiError(400, f"text exceeds {state.config.max_input_chars} characters", "text")

@@ -384,3 +384,29 @@ def test_a_request_whose_memory_exceeds_the_budget_is_refused_with_the_figure(ho
     error = _error(client.post("/v1/audio/speech", json=body), 413, "refused before it started", "flow")
     assert "GiB" in error["message"] or "TiB" in error["message"], error
     _healthy(client)
+
+
+def test_a_websocket_session_dripping_text_gives_its_slot_back(hostile):
+    """Text appended a little at a time, each below the idle timeout, ends at the body timeout with a 408,
+    and the job slot it took with its first text is free again."""
+    server, client = hostile
+    url = server.url.replace("http://", "ws://") + "/v1/audio/speech/stream"
+    with websockets.sync.client.connect(url, additional_headers=USER, open_timeout=10) as ws:
+        ws.send(json.dumps({"type": "session.start", "model": "tone", "voice": "low"}))
+        assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
+        end, event = time.monotonic() + 20 * BODY_TIMEOUT, None
+        while event is None and time.monotonic() < end:
+            ws.send(json.dumps({"type": "input_text.append", "text": " a"}))
+            try:
+                while not isinstance(message := ws.recv(timeout=TIMEOUT / 2), str):
+                    pass  # audio of the text so far
+                event = json.loads(message)
+            except TimeoutError:
+                continue
+        assert event is not None and event["type"] == "error" and event["error"]["code"] == 408, event
+        assert "took longer" in event["error"]["message"]
+    end = time.monotonic() + 10
+    while "mizuoto_requests_in_flight 0" not in client.get("/metrics").text and time.monotonic() < end:
+        time.sleep(0.05)
+    assert "mizuoto_requests_in_flight 0" in client.get("/metrics").text  # the slot is free again
+    _healthy(client)
