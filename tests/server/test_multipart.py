@@ -135,3 +135,20 @@ def test_random_parts_round_trip():
             continue  # a client picks a boundary its data does not hold
         fields, files = parse_multipart(_form(_part("t", value), _part("f", value, "f.bin")), CT)
         assert files == {"f": value} and fields == {"t": value.decode("utf-8", "replace")}, value
+
+
+@pytest.mark.parametrize("content_type", [f"multipart/form-data; boundary*=utf-8''{B}",
+                                          f"multipart/form-data; boundary*=''{B}"])
+def test_an_rfc2231_boundary_is_no_boundary(content_type):
+    """The RFC 2231 form of the parameter (which once let a body past the part count) is refused outright."""
+    parts = _form(*[_part(f"f{i}", b"x") for i in range(1000)])
+    assert "no boundary" in _refused(parts, content_type)
+
+
+def test_a_nested_multipart_part_is_only_data():
+    """A multipart/mixed body inside a part is not parsed again: it is that part's bytes, under its limit."""
+    inner = _form(*[_part(f"n{i}", b"y" * 100, boundary="inner") for i in range(2000)], boundary="inner")
+    body = _form(_part("file", b"Content-Type: multipart/mixed; boundary=inner\r\n\r\n" + inner, "a.bin"))
+    fields, files = parse_multipart(body, CT)
+    assert fields == {} and files["file"].endswith(inner)
+    assert "'file'" in _refused(body, max_file_bytes=len(inner) // 2)
