@@ -1,12 +1,17 @@
 """The HTTP server's overhead per request: Piper requests through the server against direct synthesis.
 
     python scripts/bench_server.py [--text Hello.] [-n 200] [--concurrency 16] [--warmup 10] [--repeat 1] [--json]
+                                   [--attack [idle,trickle,drip]]
 
 Starts the server in-process on 127.0.0.1 with Piper's default voice. Each run times N direct
 `runtime.synthesize` calls (encoded to PCM16 as the server does) and N POST /v1/audio/speech
 (pcm), first one after the other, then over --concurrency threads (one httpx.Client each), at
 the caller. overhead = server - direct (p50, p99), per run; each figure is the median over
 --repeat runs. `mizuoto` comes from sys.path: `PYTHONPATH=/other/checkout` measures that one.
+
+--attack also times the server one request after the other while hostile clients run beside it
+(`attack`: idle connections, bodies trickled a byte at a time, WebSocket sessions dripping text),
+and reports the server's resident memory before, at the end of, and after the attack.
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ import json
 import os
 import platform
 import queue
+import socket
 import statistics
 import threading
 import time
@@ -85,6 +91,60 @@ def run_clients(call, n: int, workers: int) -> tuple[list[float], float, float]:
     return times, wall, max(0.0, (machine_after - machine) - (own_after - own)) / wall
 
 
+def attack(url: str, stop: threading.Event, chosen: list[str]) -> list[threading.Thread]:
+    """Hostile clients until `stop`, of the kinds chosen: 64 idle connections, 8 trickled bodies, 4 WebSocket
+    sessions dripping text."""
+    import websockets.sync.client
+
+    host, port = url.removeprefix("http://").split(":")
+
+    def idle() -> None:
+        while not stop.is_set():
+            with socket.create_connection((host, int(port))) as sock:
+                sock.settimeout(1.0)
+                while not stop.is_set():
+                    try:
+                        if not sock.recv(1):
+                            break  # closed by the server's header timeout: open another
+                    except socket.timeout:
+                        continue
+
+    def trickle() -> None:
+        while not stop.is_set():
+            with socket.create_connection((host, int(port))) as sock:
+                sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: 100000\r\n\r\n")
+                try:
+                    while not stop.wait(0.5):
+                        sock.sendall(b" ")
+                except OSError:
+                    pass  # answered 408 and closed: start again
+
+    def drip() -> None:
+        while not stop.is_set():
+            try:
+                with websockets.sync.client.connect(url.replace("http", "ws") + "/v1/audio/speech/stream") as ws:
+                    ws.send(json.dumps({"type": "session.start", "model": MODEL}))
+                    ws.recv(timeout=30)
+                    while not stop.wait(1.0):
+                        ws.send(json.dumps({"type": "input_text.append", "text": " a"}))
+            except Exception:
+                pass  # ended by the server (its deadlines): start again
+
+    kinds = {"idle": (idle, 64), "trickle": (trickle, 8), "drip": (drip, 4)}
+    threads = [threading.Thread(target=kinds[k][0], daemon=True) for k in chosen for _ in range(kinds[k][1])]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def resident_mb() -> float:
+    """This process's resident memory in MB (the server runs in it)."""
+    import psutil
+
+    return psutil.Process().memory_info().rss / 1e6
+
+
 def summary(times: list[float], wall: float, others: float) -> dict:
     """p50/p99 in ms, requests per second, and the cores other processes kept busy meanwhile."""
     return {"p50_ms": float(np.percentile(times, 50)) * 1e3, "p99_ms": float(np.percentile(times, 99)) * 1e3,
@@ -100,6 +160,8 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--repeat", type=int, default=1, help="runs; each figure is the median of the runs'")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--attack", nargs="?", const="idle,trickle,drip", metavar="KINDS",
+                   help="also time the server under hostile clients of these kinds (default: all three)")
     args = p.parse_args()
     info = {"mizuoto": mizuoto.__file__, "cpu": f"{cpu_model()} ({os.cpu_count()} cores)",
             "date": datetime.datetime.now().isoformat(timespec="seconds"), "text": args.text,
@@ -129,6 +191,16 @@ def main() -> None:
         for _ in range(args.repeat):
             runs.append({f"{path}/{mode}": summary(*run_clients(call, args.requests, workers))
                          for mode, workers in modes.items() for path, call in paths.items()})
+            if args.attack:
+                stop, before = threading.Event(), resident_mb()
+                attackers = attack(server.url, stop, args.attack.split(","))
+                time.sleep(2.0)  # let them connect
+                runs[-1]["server/sequential+attack"] = summary(*run_clients(via_server, args.requests, 1))
+                during = resident_mb()
+                stop.set()
+                for t in attackers:
+                    t.join(30)
+                runs[-1]["rss_mb"] = {"before": before, "during": during, "after": resident_mb()}
     finally:
         server.stop()
         runtime.close()
@@ -146,10 +218,13 @@ def main() -> None:
     print(f"\n{'':24}{'p50 ms':>9}{'p99 ms':>9}{'req/s':>8}{'others':>8}  (others: cores busy in other processes)")
     for key, stats in result.items():
         rest = f"{stats['rps']:8.1f}{stats['others']:8.2f}" if "rps" in stats else ""
+        if key == "rss_mb":
+            print(f"{'resident MB':24}" + "  ".join(f"{k} {v:.0f}" for k, v in stats.items()))
+            continue
         print(f"{key:24}{stats['p50_ms']:9.2f}{stats['p99_ms']:9.2f}{rest}")
     if args.repeat > 1:
         print("\nper run p50 ms / others:")
-        for key in runs[0]:
+        for key in (k for k in runs[0] if k != "rss_mb"):
             print(f"{key:24}", "  ".join(f"{r[key]['p50_ms']:8.2f}" + (f" /{r[key]['others']:5.2f}" if "others" in r[key]
                                                                       else " " * 7) for r in runs))
 
