@@ -558,6 +558,8 @@ class Runtime:
             if self._models.get(loaded.name) is not loaded:
                 raise ModelUnloaded(f"model {loaded.name} was unloaded: "
                                     f"{self._gone.get(loaded.name, 'by its owner')}")
+            if not loaded.admitted:  # its load may still fail, taking the model away from under the request
+                raise InvalidRequest(f"model {loaded.name} is still loading; use it once load() has returned")
             self._pin(loaded.name, lease)
         while True:
             with loaded.scheduler.hold(lease, f"model {loaded.name}", reserve, plan.peak, budget):

@@ -414,6 +414,8 @@ def test_a_model_still_loading_cannot_be_pinned(tone_dir, tmp_path):
         def waiting() -> bool:
             if "other" in [m.name for m in rt.models()]:
                 pinned.append(rt.pin("other", Lease()))
+                with pytest.raises(InvalidRequest, match="still loading"):  # nor may a request use it
+                    next(rt.synthesize("other", "abc", voice="low"))
                 return True
             return False
         cancel_during(load, loading, waiting)
