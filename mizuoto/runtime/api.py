@@ -112,6 +112,7 @@ class Runtime:
         self._changed = threading.Condition(self._lock)  # notified when a lease lets go or a model goes
         self._models: dict[str, _Loaded] = {}
         self._pins: dict[str, set[Lease]] = {}  # model name -> the leases pinning it
+        self._room_waits: dict[Lease, set[str]] = {}  # a lease waiting for room -> the pinned models in its way
         self._pools: dict[str, Pool] = {}
         self._gone: dict[str, str] = {}  # model name -> why it was unloaded by the runtime
         self.evictions = 0  # models offloaded or unloaded by the planner to admit others, so far
@@ -289,6 +290,7 @@ class Runtime:
             pins = self._pins.get(name)
             if pins is not None:
                 pins.discard(lease)
+            self._room_waits.pop(lease, None)
             self._changed.notify_all()
 
     def pins(self, model: str) -> int:
@@ -405,8 +407,12 @@ class Runtime:
                 evictions = pool.admit(loaded.name, plan.peak + others, plan.fixed, plan.movable, plan.waiting, busy)
             except MemoryBudgetError:
                 if waitable and busy and plan.peak + others <= pool.device_budget:
+                    if lease is not None:
+                        self._check_cycle(loaded.name, lease, busy)
+                        self._room_waits[lease] = busy
                     return False
                 raise
+            self._room_waits.pop(lease, None)
             self.evictions += len(evictions)
             for ev in evictions:
                 victim = self._models[ev.model]
@@ -572,6 +578,20 @@ class Runtime:
                             self._changed.notify_all()
                     return
             self._wait_for_room(lease)
+
+    def _check_cycle(self, name: str, lease: Lease, busy: set[str]) -> None:
+        """MemoryBudgetError when the models in the way are pinned by requests that themselves wait for room a
+        model this lease pins holds (under the lock): each would wait for the other until its deadline."""
+        mine, seen, todo = {m for m, pins in self._pins.items() if lease in pins}, set(), list(busy)
+        while todo:
+            for other in self._pins.get(todo.pop(), set()) - {lease} - seen:
+                seen.add(other)
+                waits = self._room_waits.get(other, set()) if not other.cancelled else set()
+                if waits & mine:
+                    raise MemoryBudgetError(
+                        f"model {name} waits for memory held by {', '.join(sorted(busy))}, whose requests wait for "
+                        f"memory this one holds; it gives way (retry, or raise the budget)")
+                todo.extend(waits)
 
     def _wait_for_room(self, lease: Lease) -> None:
         """Wait a little for a lease to let go of a model (the lease's end: RequestCancelled)."""

@@ -426,3 +426,39 @@ def test_one_lock_decides_pins_admission_and_each_models_turns(rt, tone_dir):
     """The lease authority: a model's holders, line and batch budget wait on the Runtime's own condition."""
     name = rt.load(tone_dir)
     assert rt._get(name).scheduler._cond is rt._changed
+
+
+def test_two_requests_each_waiting_for_the_others_room_do_not_deadlock(tone_dir, tmp_path):
+    """Request A holds model X and waits for room held by Y; B holds Y and would wait for X's room: each would
+    wait for the other for good (no deadline). B gives way at once with a MemoryBudgetError, and A then runs."""
+    peak, _ = _peaks(tone_dir)
+    with Runtime(engines=[ToneEngine], plugins=False) as probe:
+        name = probe.load(tone_dir)
+        small = probe._plan_for(probe._get(name), SynthesisRequest("ab", voice="low")).peak
+        long_need = probe._plan_for(probe._get(name), SynthesisRequest("ab" * 300, voice="low", speed=0.25)).peak
+    assert long_need > peak > small
+    other = write_model(tmp_path / "other")
+    # both models fit beside each other's short request, a long one only alone
+    with Runtime(ram=long_need + small // 2, engines=[ToneEngine], plugins=False) as rt:
+        x = rt.load(tone_dir, name="x")
+        list(rt.synthesize(x, "ab", voice="low"))  # x now holds a short request's room only
+        y = rt.load(other, name="y")
+        list(rt.synthesize(y, "ab", voice="low"))
+        assert {m.name for m in rt.models()} == {"x", "y"}
+        from mizuoto.runtime.lease import Lease
+
+        second = Lease(5.0)  # B's request, admitted to y already (as a server's job is before it runs)
+        assert rt.pin(y, second)
+        first: list = []
+        a = threading.Thread(target=lambda: first.append(list(rt.synthesize(x, "ab" * 300, voice="low", speed=0.25))))
+        a.start()
+        end = time.monotonic() + 10
+        while not rt._room_waits and time.monotonic() < end:  # A pins x and waits for y's room
+            time.sleep(0.01)
+        assert rt._room_waits
+        started = time.monotonic()
+        with pytest.raises(MemoryBudgetError, match="gives way"):
+            list(rt.synthesize(y, "ab" * 300, voice="low", speed=0.25, lease=second))
+        assert time.monotonic() - started < 1.0
+        a.join(30)
+        assert not a.is_alive() and first and first[0], "A did not run once B gave way"
