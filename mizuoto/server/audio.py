@@ -25,6 +25,15 @@ MIN_REFERENCE_RATE = 16000
 MAX_REFERENCE_RATE = 192000  # studio rates; anything above is a decoding bomb, not a recording
 MAX_REFERENCE_CHANNELS = 8
 REFERENCE_SECONDS = (0.5, 60.0)
+# A kept voice (POST /v1/audio/voices) lasts at most what the engines read: CosyVoice's speech tokenizer refuses
+# more than 30 s (engines/cosyvoice/frontend.py MAX_PROMPT_SECONDS, upstream's limit).
+MAX_VOICE_SECONDS = 30.0
+# A kept voice is mono float32 at its file's rate, or at 48 kHz when the file's is higher: the engines read a
+# reference at 24 kHz at most (CosyVoice: 16 kHz for speech tokens and CAM++, 24 kHz for the prompt mel), and
+# 48 kHz keeps everything below 23.7 kHz, so no engine loses what it uses. Files at 48 kHz or less are kept as
+# decoded (the engines resample them exactly as an inline ref_audio). So a voice holds at most 5.8 MB.
+MAX_VOICE_RATE = 48000
+DECODE_FRAMES = 1 << 16  # frames decoded at a time: 8 channels of float32 hold 2 MB, not the whole file's size
 # Float files may overshoot full scale a little; far past it the engine's arithmetic overflows.
 MAX_REFERENCE_PEAK = 2.0
 
@@ -120,12 +129,14 @@ def decode_base64(text: str, param: str) -> bytes:
         raise ApiError(400, f"{param} is neither a registered voice id nor valid base64 audio", param) from None
 
 
-def decode_reference(data: bytes, param: str) -> tuple[torch.Tensor, int]:
+def decode_reference(data: bytes, param: str, max_seconds: float = REFERENCE_SECONDS[1],
+                     max_rate: int | None = None) -> tuple[torch.Tensor, int]:
     """(mono float32 samples, rate) of an uploaded reference; a 400 for anything the engine should not see.
 
-    The header is checked (rate, channels, duration) before any sample is decoded, and decoding
-    reads at most the longest allowed duration, so a small file that claims an hour of audio costs
-    nothing. Silent, non-finite or far out-of-range samples are refused after decoding.
+    The header is checked (rate, channels, duration up to `max_seconds`) before any sample is
+    decoded, and decoding reads at most `max_seconds`, a block at a time mixed down to mono, so a
+    small file that claims an hour of 8 channels costs nothing. Silent, non-finite or far out-of-range
+    samples are refused after decoding. Audio above `max_rate` is resampled down to it.
     """
     import soundfile
 
@@ -141,27 +152,47 @@ def decode_reference(data: bytes, param: str) -> tuple[torch.Tensor, int]:
                             f"{MAX_REFERENCE_RATE} Hz is needed", param)
     if not 1 <= channels <= MAX_REFERENCE_CHANNELS:
         raise ApiError(400, f"{param} has {channels} channels; at most {MAX_REFERENCE_CHANNELS} are read", param)
-    lo, hi = REFERENCE_SECONDS
+    lo, hi = REFERENCE_SECONDS[0], max_seconds
     limit = int(hi * rate)
     if info.frames > limit:
         raise ApiError(400, f"{param} lasts {info.frames / rate:.2f} s; between {lo:g} and {hi:g} s is needed", param)
-    try:
-        # frames bound the decode even where the header's length is unknown or wrong (mp3, ogg)
-        audio, _ = soundfile.read(io.BytesIO(data), frames=limit + 1, dtype="float32", always_2d=True)
-    except Exception:
-        raise ApiError(400, f"{param} is not a readable audio file (wav, flac, ogg or mp3 expected)", param) from None
-    seconds = audio.shape[0] / rate
+    # frames bound the decode even where the header's length is unknown or wrong (mp3, ogg)
+    audio, finite, peak = _decode_mono(data, limit + 1, param)
+    seconds = audio.numel() / rate
     if not lo <= seconds <= hi:
         raise ApiError(400, f"{param} lasts {seconds:.2f} s; between {lo:g} and {hi:g} s is needed", param)
-    if not np.isfinite(audio).all():
+    if not finite:
         raise ApiError(400, f"{param} holds non-finite samples (NaN or infinity)", param)
-    peak = float(np.abs(audio).max())
     if peak == 0.0:
         raise ApiError(400, f"{param} is silent", param)
     if peak > MAX_REFERENCE_PEAK:
         raise ApiError(400, f"{param} peaks at {peak:.3g}; samples must lie within [-1, 1] "
                             f"(float files up to +-{MAX_REFERENCE_PEAK:g} are accepted)", param)
-    return torch.from_numpy(audio).mean(dim=1), rate
+    if max_rate is not None and rate > max_rate:
+        from mizuoto.nn.dsp.resample import resample
+
+        audio, rate = resample(audio, rate, max_rate), max_rate
+    return audio, rate
+
+
+def _decode_mono(data: bytes, frames: int, param: str) -> tuple[torch.Tensor, bool, float]:
+    """(mono float32 samples, all finite, peak) of the first `frames` frames, decoded DECODE_FRAMES at a time."""
+    import soundfile
+
+    blocks, finite, peak = [], True, 0.0
+    try:
+        with soundfile.SoundFile(io.BytesIO(data)) as f:
+            while frames > 0:
+                block = f.read(min(DECODE_FRAMES, frames), dtype="float32", always_2d=True)
+                if not len(block):  # the header claimed more than the stream holds
+                    break
+                frames -= len(block)
+                finite = finite and bool(np.isfinite(block).all())
+                peak = max(peak, float(np.abs(block).max()))
+                blocks.append(torch.from_numpy(block).mean(dim=1))
+    except Exception:
+        raise ApiError(400, f"{param} is not a readable audio file (wav, flac, ogg or mp3 expected)", param) from None
+    return (torch.cat(blocks) if blocks else torch.zeros(0)), finite, peak
 
 
 def check_finite(samples: torch.Tensor) -> None:

@@ -203,7 +203,7 @@ def voice_models(max_chars: int) -> tuple[type[BaseModel], type[BaseModel]]:
         model_config = ConfigDict(strict=True)  # other fields are ignored, as they always were
         id: VoiceId | Omitted = None
         name: VoiceId | Omitted = Field(None, description="an alias of id, read only when id is absent")
-        audio: Text("base64 (or a data: URL) of a wav/flac/ogg/mp3 file, 16-192 kHz, 0.5-60 s")
+        audio: Text("base64 (or a data: URL) of a wav/flac/ogg/mp3 file, 16-192 kHz, 0.5-30 s")
         text: Text("transcript of the audio", max_chars) | None = None
         model: VoiceModel = None
 

@@ -55,7 +55,10 @@ class ServerConfig:
 
 @dataclass(frozen=True)
 class StoredVoice:
-    """A voice registered with POST /v1/audio/voices: its reference audio and transcript."""
+    """A voice registered with POST /v1/audio/voices: its reference audio and transcript.
+
+    The samples are mono float32 at `rate`; an upload keeps at most 30 s at 48 kHz (audio.MAX_VOICE_*).
+    """
 
     id: str
     samples: torch.Tensor
@@ -79,6 +82,9 @@ class ServerState:
                                      "(give it as NAME=DIR)")
         self.catalogue: dict[str, Path] = {k: Path(v) for k, v in (models or {}).items()}
         self.voices: dict[str, StoredVoice] = {}
+        # an id is checked against every voice and reserved in one step, so two creations never share it
+        self.voice_lock = threading.Lock()
+        self.creating: set[str] = set()  # ids of voices being decoded or cached now (reserved by voices.register)
         self.limiter = JobSlots(config.max_concurrent, config.max_queued, config.queue_timeout)
         self.metrics = Metrics()
         self.jobs: set[Job] = set()

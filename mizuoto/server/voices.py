@@ -11,7 +11,7 @@ from python_multipart.multipart import MultipartParser, MultipartState, parse_op
 
 from mizuoto.errors import InvalidRequest, MizuotoError
 from mizuoto.runtime.voicestore import VOICE_ID
-from mizuoto.server.audio import decode_base64, decode_reference
+from mizuoto.server.audio import MAX_VOICE_RATE, MAX_VOICE_SECONDS, decode_base64, decode_reference
 from mizuoto.server.errors import ApiError, from_exception
 from mizuoto.server.state import ServerState, StoredVoice
 from mizuoto.server.schemas import checked, parse_json, voice_models
@@ -87,24 +87,54 @@ def register(state: ServerState, body: bytes, content_type: str) -> dict:
         raise ApiError(400, "field 'id' is required", "id")
     if model is not None:
         state.check_model(model)
-    if voice_id in state.voices:
-        raise ApiError(409, f"voice {voice_id!r} already exists; delete it first", "id")
-    presets = {v.id for m in state.loaded() for v in state.runtime.voices(m) if v.kind == "preset"}
-    if voice_id in presets:
-        raise ApiError(409, f"voice id {voice_id!r} is a model's preset voice; choose another", "id")
-    if len(state.voices) + len(state.runtime.stored_voices()) >= state.config.max_voices:
-        raise ApiError(409, f"the server holds its limit of {state.config.max_voices} voices; delete one first")
-    samples, rate = decode_reference(audio, param)
-    seconds = round(samples.numel() / rate, 3)
-    if model is not None:
-        _cache(state, model, voice_id, samples, rate, text)
-        return {"id": voice_id, "object": "voice", "kind": "cached", "model": model, "sample_rate": rate,
-                "seconds": seconds, "stored": state.runtime.identity(model) is not None}
-    cached = {v.id for m in state.loaded() for v in state.runtime.voices(m)}
-    if voice_id in cached or voice_id in {v.id for v in state.runtime.stored_voices()}:
-        raise ApiError(409, f"voice {voice_id!r} already exists (cached on a model); delete it first", "id")
-    state.voices[voice_id] = StoredVoice(voice_id, samples, rate, text)
-    return {"id": voice_id, "object": "voice", "kind": "uploaded", "sample_rate": rate, "seconds": seconds}
+    _reserve(state, voice_id, model)
+    try:
+        samples, rate = decode_reference(audio, param, MAX_VOICE_SECONDS, MAX_VOICE_RATE)
+        seconds = round(samples.numel() / rate, 3)
+        if model is not None:
+            _cache(state, model, voice_id, samples, rate, text)
+            return {"id": voice_id, "object": "voice", "kind": "cached", "model": model, "sample_rate": rate,
+                    "seconds": seconds, "stored": state.runtime.identity(model) is not None}
+        state.voices[voice_id] = StoredVoice(voice_id, samples, rate, text)
+        return {"id": voice_id, "object": "voice", "kind": "uploaded", "sample_rate": rate, "seconds": seconds}
+    finally:
+        with state.voice_lock:
+            state.creating.discard(voice_id)
+
+
+def _reserve(state: ServerState, voice_id: str, model: str | None) -> None:
+    """409 unless `voice_id` is free for a new voice of its kind; else reserve it until register() ends.
+
+    One step under the lock: two concurrent creations of an id (uploaded or cached) cannot both pass.
+    The same id may be cached on several models (a stored voice made for another model tells the
+    client to add it to this one); on `model` itself, when it is not loaded yet, _cache checks after loading.
+    """
+    with state.voice_lock:
+        if voice_id in state.voices or voice_id in state.creating:
+            raise ApiError(409, f"voice {voice_id!r} already exists or is being created; delete it first", "id")
+        on_models = {m: _voices_of(state, m) for m in state.loaded()}
+        if any(v.id == voice_id and v.kind == "preset" for vs in on_models.values() for v in vs):
+            raise ApiError(409, f"voice id {voice_id!r} is a model's preset voice; choose another", "id")
+        stored = state.runtime.stored_voices()
+        if model is None:
+            taken = any(v.id == voice_id for vs in on_models.values() for v in vs) \
+                or any(s.id == voice_id for s in stored)
+        else:
+            taken = any(v.id == voice_id for v in on_models.get(model, ()))
+        if taken:
+            raise ApiError(409, f"voice {voice_id!r} already exists (cached on a model); delete it first", "id")
+        # voices being created count: concurrent uploads cannot pass the limit together
+        if len(state.voices) + len(stored) + len(state.creating) >= state.config.max_voices:
+            raise ApiError(409, f"the server holds its limit of {state.config.max_voices} voices; delete one first")
+        state.creating.add(voice_id)
+
+
+def _voices_of(state: ServerState, model: str) -> list:
+    """A loaded model's voices; none when it was unloaded or evicted meanwhile."""
+    try:
+        return state.runtime.voices(model)
+    except MizuotoError:
+        return []
 
 
 def _cache(state: ServerState, model: str, voice_id: str, samples, rate: int, text: str | None) -> None:

@@ -88,3 +88,28 @@ def test_voices_of_one_model(client):
     data = client.get("/v1/audio/voices", params={"model": "piper"}).json()["data"]
     assert {v["model"] for v in data} <= {"piper", None} and any(v["model"] == "piper" for v in data)
     assert client.get("/v1/audio/voices", params={"model": "nope"}).status_code == 404
+
+
+def test_voice_limits_over_http(client, h):
+    """A voice lasts at most 30 s (CosyVoice's limit), and is kept at 48 kHz at most (the answer's sample_rate)."""
+    import io
+
+    import numpy as np
+    import soundfile
+
+    def wav(seconds: float, rate: int, channels: int) -> bytes:
+        t = np.arange(int(seconds * rate)) / rate
+        buf = io.BytesIO()
+        soundfile.write(buf, np.repeat(0.2 * np.sin(2 * np.pi * 150 * t)[:, None], channels, 1), rate, format="WAV")
+        return buf.getvalue()
+
+    r = client.post("/v1/audio/voices", data={"id": "long"}, files={"file": ("l.wav", wav(31, 16000, 1), "audio/wav")})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "file", r.text
+    assert "between 0.5 and 30 s" in r.json()["error"]["message"]
+    r = client.post("/v1/audio/voices", data={"id": "hires"}, files={"file": ("h.wav", wav(1, 96000, 2), "audio/wav")})
+    assert r.status_code == 201 and r.json()["sample_rate"] == 48000 and r.json()["seconds"] == 1.0, r.text
+    try:
+        r = client.post("/v1/audio/speech", json={"model": "tone", "input": "ab", "voice": "hires"})
+        assert r.status_code == 200, r.text
+    finally:
+        assert client.delete("/v1/audio/voices/hires").status_code == 200
