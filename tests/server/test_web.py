@@ -15,13 +15,16 @@ import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.select import Select
 from selenium.webdriver.support.ui import WebDriverWait
 
 from mizuoto.server.page import WEB_DIR
+from mizuoto.server.state import ServerConfig
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 WAIT = 60.0  # seconds for anything the page shows
+API_KEY = "web-test-api-key"
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +70,7 @@ def _settled(browser) -> str:
 
 def test_page_loads_from_the_server_alone(browser, server):
     """The page lists the served models; every resource it loads comes from the server itself."""
+    browser.get_log("browser")  # drop what earlier tests logged (a 401 is logged as an error)
     _open(browser, server)
     models = [o.get_attribute("value") for o in Select(browser.find_element(By.ID, "model")).options]
     assert {"piper", "cosy", "tone"} <= set(models)
@@ -138,3 +142,66 @@ def test_save_a_clip_as_a_voice_and_speak_with_it(browser, server, h, tmp_path):
         assert stats["rate"] == 24000 and stats["seconds"] > 0 and stats["rms"] > 0, stats
     finally:
         httpx.delete(server.url + "/v1/audio/voices/web-test-voice", timeout=10)
+
+
+@pytest.fixture(scope="module")
+def keyed_server(served_dirs, h):
+    """A server started with --api-key (Piper only): every /v1/* request needs `Authorization: Bearer API_KEY`."""
+    s = h.start_server({"piper": served_dirs["piper"]}, ServerConfig(api_key=API_KEY, request_timeout=60.0))
+    yield s
+    s.stop()
+
+
+def _shown_error(browser) -> str:
+    """Wait until the page shows an error; return it."""
+    WebDriverWait(browser, WAIT).until(lambda d: d.find_element(By.ID, "error").is_displayed())
+    return browser.find_element(By.ID, "error").text
+
+
+def _type_key(browser, key: str) -> None:
+    """Type `key` into the API key field and press Enter (the page lists the models again), wait until ready."""
+    field = browser.find_element(By.ID, "api-key")
+    assert field.get_attribute("type") == "password"
+    field.clear()
+    field.send_keys(key + Keys.ENTER)
+    WebDriverWait(browser, WAIT).until(lambda d: d.find_element(By.ID, "status").text in ("ready", "no models"))
+    assert browser.find_element(By.ID, "status").text == "ready", browser.find_element(By.ID, "error").text
+
+
+def test_api_key_field_lists_models_and_speaks(browser, keyed_server):
+    """Under --api-key, the key typed into the page goes with every request: the models list, and Piper speaks."""
+    browser.get(keyed_server.url + "/")
+    assert "needs an API key" in _shown_error(browser)
+    _type_key(browser, API_KEY)
+    assert not browser.find_element(By.ID, "error").is_displayed()
+    assert [o.get_attribute("value") for o in Select(browser.find_element(By.ID, "model")).options] == ["piper"]
+    WebDriverWait(browser, WAIT).until(lambda d: "piper" in d.find_element(By.ID, "model-info").text)
+    stats = _speak(browser, "The key opens the door. And the browser speaks.")
+    assert stats["rate"] == 22050 and stats["seconds"] > 1.0 and stats["rms"] > 0.01, stats
+    assert stats["playedPeak"] > 0.05, f"the audio did not play out loud: {stats}"
+    # Kept in the page only: nothing stored in the browser, and only this server was asked for anything.
+    stored = browser.execute_script("return [localStorage.length, sessionStorage.length, document.cookie]")
+    assert stored == [0, 0, ""], stored
+    resources = browser.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
+    assert all(r.startswith(keyed_server.url + "/") for r in resources), resources
+
+
+def test_without_the_api_key_the_page_asks_for_it(browser, keyed_server):
+    """Under --api-key, a missing or wrong key shows a message asking for the key: on listing and on Speak."""
+    browser.get(keyed_server.url + "/")
+    message = _shown_error(browser)
+    assert "this server needs an API key (401)" in message and "API key field" in message, message
+    assert browser.find_element(By.ID, "status").text == "no models"
+    assert browser.find_element(By.ID, "api-key").get_attribute("aria-invalid") == "true"
+
+    field = browser.find_element(By.ID, "api-key")
+    field.send_keys("not-the-key" + Keys.ENTER)
+    WebDriverWait(browser, WAIT).until(lambda d: "refused this API key" in d.find_element(By.ID, "error").text)
+    assert browser.find_element(By.ID, "status").text == "no models"
+
+    # Listed with the key, then the key is cleared: Speak answers 401, and the page asks for the key again.
+    _type_key(browser, API_KEY)
+    browser.execute_script("document.getElementById('api-key').value = ''")  # no change event: no new listing
+    browser.find_element(By.ID, "speak").click()
+    assert _settled(browser) == "failed"
+    assert "this server needs an API key (401)" in browser.find_element(By.ID, "error").text

@@ -3,7 +3,7 @@
 
 const $ = (id) => document.getElementById(id);
 const CLONING = ["clone", "cross_lingual", "instruct"];
-const page = { models: [], ctx: null, analyser: null, sources: [], playAt: 0, abort: null, monitor: null };
+const page = { models: [], listing: 0, ctx: null, analyser: null, sources: [], playAt: 0, abort: null, monitor: null };
 // The last synthesis, for the curious (in the console) and for the browser test.
 window.mizuotoStats = null;
 
@@ -15,10 +15,35 @@ async function errorText(response) {
   return `${response.status} ${response.statusText}`;
 }
 
-async function getJson(path, options) {
-  const response = await fetch(path, options);
+// Every request of the page goes through here: the API key field, when filled, goes with it as
+// `Authorization: Bearer <key>` (to this server only; the key lives in the field, nowhere else).
+async function api(path, options = {}) {
+  const key = $("api-key").value.trim();
+  const headers = new Headers(options.headers || {});
+  if (key) {
+    try { headers.set("Authorization", `Bearer ${key}`); } catch (e) {
+      throw keyError("the API key has characters an HTTP header cannot carry: check the API key field");
+    }
+  }
+  const response = await fetch(path, { ...options, headers });
+  if (response.status === 401) {
+    throw keyError(key ? "the server refused this API key (401): check the API key field above"
+      : "this server needs an API key (401): type it in the API key field above");
+  }
+  $("api-key").removeAttribute("aria-invalid");
   if (!response.ok) throw new Error(await errorText(response));
-  return response.json();
+  return response;
+}
+
+function keyError(message) {
+  $("api-key").setAttribute("aria-invalid", "true");
+  const error = new Error(message);
+  error.key = true;
+  return error;
+}
+
+async function getJson(path, options) {
+  return (await api(path, options)).json();
 }
 
 function showError(message) {
@@ -158,11 +183,10 @@ async function speak(event) {
   try {
     const body = await requestBody();
     const started = performance.now();
-    const response = await fetch("/v1/audio/speech", {
+    const response = await api("/v1/audio/speech", {
       method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
       signal: controller.signal,
     });
-    if (!response.ok) throw new Error(await errorText(response));
     stats.rate = parseInt(response.headers.get("X-Sample-Rate"), 10);
     const reader = response.body.getReader();
     for (;;) {
@@ -224,10 +248,23 @@ async function saveVoice() {
   }
 }
 
+// (Re)lists the models: on load, and whenever the API key changes; only the latest listing reports.
+function listModels() {
+  const run = ++page.listing;
+  showError("");
+  setStatus("listing the models...");
+  return loadModels().then(() => { if (run === page.listing) setStatus("ready"); }).catch((e) => {
+    if (run !== page.listing) return;
+    setStatus("no models");
+    showError(e.key ? e.message : `could not list the models: ${e.message}`);
+  });
+}
+
 document.addEventListener("DOMContentLoaded", () => {
   $("speak-form").addEventListener("submit", speak);
   $("stop").addEventListener("click", () => { stopPlayback(); setBusy(false); setStatus("stopped"); });
   $("model").addEventListener("change", () => loadVoices().catch((e) => showError(e.message)));
   $("save-voice").addEventListener("click", saveVoice);
-  loadModels().then(() => setStatus("ready")).catch((e) => showError(`could not list the models: ${e.message}`));
+  $("api-key").addEventListener("change", listModels);
+  listModels();
 });
