@@ -25,6 +25,8 @@ def add_wyoming_arguments(p: argparse.ArgumentParser) -> None:
                    help="a voice to clone from a reference clip, offered by every model that clones; its transcript"
                         " is read from CLIP's .txt sibling when there is one (repeatable) [MIZUOTO_VOICES]")
     _flag(p, "--seed", int, None, "seed every request: the same text gives the same audio")
+    _flag(p, "--idle-timeout", float, 30, "seconds a connection may send no event (a stream waiting for its next"
+          " chunk included) before it is closed")
     add_shared_arguments(p)
 
 
@@ -79,12 +81,14 @@ def run_wyoming(args: argparse.Namespace) -> int:
 
     if args.seed is not None and args.seed < 0:
         raise InvalidRequest(f"--seed must be a non-negative integer, got {args.seed}")
+    if args.idle_timeout <= 0:
+        raise InvalidRequest(f"--idle-timeout must be positive, got {args.idle_timeout}")
     logging.basicConfig(level=str(args.log_level).upper(), format="mizuoto wyoming: %(message)s")
     shared = shared_config(args)
     models = _models(args.model)
     if not models:
         raise InvalidRequest("give at least one model to serve: -m [NAME=]DIR")
-    config = ServerConfig(**shared)
+    config = ServerConfig(**shared, idle_timeout=args.idle_timeout)
     state = ServerState(Runtime(vram=args.vram, ram=args.ram), config, models)
     _register_voices(state, args.voice)
     server = WyomingServer(WyomingService(state, args.seed), args.uri)

@@ -7,7 +7,10 @@ Events handled:
                                              -> audio-start, audio-chunk... as made, audio-stop, synthesize-stopped
 A model that takes text in pieces (CosyVoice 2/3: the LM reads tokens as they arrive; Piper:
 sentence by sentence) starts speaking before synthesize-stop; others speak once it arrives.
-Every failure is an `error` event; the connection stays open for the next request.
+Every failure is an `error` event; the connection stays open for the next request, except after
+an event that cannot be read (malformed, or declaring more data than a request may hold) or
+--idle-timeout seconds without an event (a stream then ends and frees its job): those are closed.
+A stream takes a job slot only once it has text to speak.
 
 Jobs, limits, deadlines and uploaded voices are the HTTP server's (ServerState), so both front
 ends behave alike.
@@ -16,6 +19,7 @@ ends behave alike.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -31,15 +35,17 @@ from mizuoto.errors import InvalidRequest, MizuotoError
 from mizuoto.nn.dsp.wav import to_pcm16
 from mizuoto.server.errors import ApiError, from_exception
 from mizuoto.server.jobs import in_fresh_thread
+from mizuoto.server.malloc import tune_malloc
 from mizuoto.server.speech import ClientGone, Pull, start_job
 from mizuoto.server.state import ServerState
-from mizuoto.server.schemas import checked, speech_model
+from mizuoto.server.schemas import check_text, checked, speech_model
 from mizuoto.server.websocket import TextFeed
 
 log = logging.getLogger("mizuoto.wyoming")
 SAMPLES_PER_CHUNK = 1024  # as wyoming-piper: small audio-chunk events keep a player's buffer short
 _ATTRIBUTION = Attribution(name="Mizuoto", url="")
 _CLONES = frozenset({"clone", "cross_lingual", "instruct"})
+LAST_WORD_S = 5.0  # how long the error event before a close may wait for a client that reads nothing
 
 
 @dataclass(frozen=True)
@@ -127,7 +133,14 @@ class WyomingService:
         limit = self.state.config.max_input_chars
         if so_far + len(text) > limit:
             raise ApiError(400, f"text has {so_far + len(text)} characters; the limit is {limit}")
+        check_text(text, "text")  # NUL and lone surrogates: refused as HTTP refuses them
         return text
+
+    def max_event_bytes(self) -> int:
+        """The most data (or payload) bytes one event may declare: the longest text at 12 bytes a character
+        (a JSON-escaped surrogate pair) with 64 KiB for the other fields, and never more than an HTTP body."""
+        config = self.state.config
+        return min(config.max_body_bytes, 12 * config.max_input_chars + (64 << 10))
 
 
 def _version() -> str:
@@ -168,17 +181,22 @@ class _Stream:
         self.pieces: list[str] = []
         self.chars = 0
         self.pump: asyncio.Task | None = None
-        if stream_in:
-            self.pump = asyncio.ensure_future(handler.speak(params, self.feed))
 
     def add(self, text: str) -> None:
         """Take one synthesize-chunk."""
         self.chars += len(self.handler.service.check_text(text, self.chars))
-        (self.feed.put if self.stream_in else self.pieces.append)(text)
+        if not text:
+            return
+        if not self.stream_in:
+            self.pieces.append(text)
+            return
+        self.feed.put(text)
+        if self.pump is None:  # the job (and its slot) starts with the first text: a silent stream holds none
+            self.pump = asyncio.ensure_future(self.handler.speak(self.params, self.feed))
 
     async def finish(self) -> bool:
         """Speak what is left; True when every chunk of audio went out."""
-        if self.stream_in:
+        if self.pump is not None:
             self.feed.done()
             return await self.pump
         text = "".join(self.pieces)
@@ -201,6 +219,65 @@ class WyomingHandler(AsyncEventHandler):
         self.service = service
         self.stream: _Stream | None = None
         self.dropping = False  # a stream failed: ignore its remaining chunks until its stop
+
+    async def run(self) -> None:
+        """Answer events until the client leaves; one that cannot be read, or silence, closes the connection."""
+        self._is_running = True
+        try:
+            while self._is_running:
+                try:
+                    event = await self.read_event()
+                except ApiError as e:  # what follows cannot be read, or the client went silent: say why, close
+                    self._drop_stream()
+                    await self._last_word(e)
+                    break
+                if event is None or not await self.handle_event(event):
+                    break
+        finally:
+            await self.disconnect()
+            self.writer.close()
+
+    async def read_event(self) -> Event | None:
+        """The next event (None once the client left), its lengths checked before any data is read.
+
+        The `wyoming` package's reader buffers whatever data_length a header declares; here a header
+        past max_event_bytes is refused unread, and each read waits at most --idle-timeout.
+        """
+        idle, limit = self.service.state.config.idle_timeout, self.service.max_event_bytes()
+
+        async def read(n: int) -> bytes:  # readexactly(0) is b"" at once
+            return await asyncio.wait_for(self.reader.readexactly(n), idle)
+
+        try:
+            line = await asyncio.wait_for(self.reader.readline(), idle)  # at most the reader's limit, 64 KiB
+            if not line:
+                return None
+            header = json.loads(line)
+            if not isinstance(header, dict) or not isinstance(header.get("type"), str) \
+                    or not isinstance(data := header.get("data") or {}, dict):
+                raise ApiError(400, "an event header must be a JSON object with a 'type' string")
+            sizes = {key: header.get(key) or 0 for key in ("data_length", "payload_length")}
+            for key, size in sizes.items():
+                if type(size) is not int or not 0 <= size <= limit:
+                    raise ApiError(413, f"{key} must be a number of bytes up to {limit}, got "
+                                        f"{size if type(size) is int else type(size).__name__}")
+            more = json.loads(await read(sizes["data_length"]) or b"{}")
+            if not isinstance(more, dict):
+                raise ApiError(400, "an event's data must be a JSON object")
+            payload = await read(sizes["payload_length"]) or None
+        except asyncio.TimeoutError:
+            raise ApiError(408, f"the connection sent no event for {idle:g} s") from None
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return None
+        except (ValueError, RecursionError) as e:  # not JSON, nested too deeply, or a line past the reader's limit
+            raise ApiError(400, f"unreadable event: {e}") from None
+        return Event(type=header["type"], data={**data, **more}, payload=payload)
+
+    async def _last_word(self, e: ApiError) -> None:
+        try:
+            await asyncio.wait_for(self.report(e), LAST_WORD_S)
+        except (asyncio.TimeoutError, ConnectionError):
+            self.writer.transport.abort()  # the client reads nothing: a plain close would wait for it
 
     async def handle_event(self, event: Event) -> bool:
         """Answer one event; failures become error events and the connection stays open."""
@@ -300,8 +377,8 @@ class WyomingHandler(AsyncEventHandler):
         if error.status >= 500:
             log.log(logging.ERROR if error.status == 500 else logging.WARNING, "wyoming request failed: %s", e,
                     exc_info=error.status == 500)
-        code = {400: "invalid_request", 404: "not_found", 503: "overloaded", 504: "timeout",
-                507: "out_of_memory"}.get(error.status, "server_error")
+        code = {400: "invalid_request", 404: "not_found", 408: "timeout", 413: "invalid_request", 503: "overloaded",
+                504: "timeout", 507: "out_of_memory"}.get(error.status, "server_error")
         await self.write_event(Error(text=error.message, code=code).event())
 
     async def disconnect(self) -> None:
@@ -320,7 +397,9 @@ class WyomingServer:
         self.service, self.uri = service, uri
 
     async def start(self) -> None:
-        """Load the models, then accept connections."""
+        """Tune malloc as the HTTP server does, load the models, then accept connections."""
+        config = self.service.state.config
+        tune_malloc(config.mmap_threshold, config.malloc_arenas)  # else bursts leave ~1 GB resident (see malloc.py)
         await in_fresh_thread(self.service.load_all)
         await self.server.start(lambda reader, writer: WyomingHandler(self.service, reader, writer))
         names = [v.name for v in self.service.voices()]

@@ -67,7 +67,8 @@ def wyoming_server(served_dirs, h, tmp_path_factory):
     env = {**os.environ, "MIZUOTO_MODELS": f"piper={served_dirs['piper']}{os.pathsep}cosy={served_dirs['cosy']}",
            "MIZUOTO_DEVICE": "cpu", "PYTHONPATH": os.pathsep.join([str(ROOT), *PLUGINS, os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "mizuoto.cli", "wyoming", "--uri", f"tcp://127.0.0.1:{port}",
-           "--voice", f"ref={clip}", "--seed", str(SEED), "--max-input-chars", "500"]
+           "--voice", f"ref={clip}", "--seed", str(SEED), "--max-input-chars", "500",
+           "--idle-timeout", str(READ_TIMEOUT)]  # a stream test waits for audio before its last chunk
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
     try:
@@ -266,7 +267,8 @@ def test_bad_flags_are_one_line_errors(served_dirs, tmp_path, capsys):
                         (["-m", piper, "--voice", "noequals"], "use ID=CLIP"),
                         (["-m", piper, "--voice", f"v={tmp_path / 'none.wav'}"], "reference clip not found"),
                         (["-m", piper, "--uri", "http://127.0.0.1:1"], "--uri"),
-                        (["-m", piper, "--max-concurrent", "0"], "--max-concurrent")]:
+                        (["-m", piper, "--max-concurrent", "0"], "--max-concurrent"),
+                        (["-m", piper, "--idle-timeout", "0"], "--idle-timeout")]:
         assert main(["wyoming", *argv]) == 1, argv
         err = capsys.readouterr().err
         assert words in err and err.count("\n") == 1, err

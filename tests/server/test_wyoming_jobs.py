@@ -1,8 +1,10 @@
-"""The Wyoming server's jobs, in this process: the concurrency limit is an error event, a client that leaves frees its job."""
+"""The Wyoming server's jobs and connections, in this process: the concurrency limit is an error event, a client
+that leaves frees its job, and hostile clients (huge declared lengths, bad text, silence, empty streams) are refused."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 
@@ -10,7 +12,9 @@ import pytest
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.client import AsyncTcpClient
 from wyoming.error import Error
-from wyoming.tts import Synthesize, SynthesizeVoice
+from wyoming.event import async_read_event, async_write_event
+from wyoming.info import Describe, Info
+from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped, SynthesizeVoice
 
 from mizuoto.server.launch import free_port
 from mizuoto.server.state import ServerConfig, ServerState
@@ -44,15 +48,23 @@ def _idle(state: ServerState, timeout: float = 10.0) -> None:
         time.sleep(0.02)
 
 
-@pytest.fixture
-def slow_server(h, tmp_path):
-    """One 'slow' tone model (0.2 s per chunk of 4 notes), at most one job at a time and none queued."""
+@contextlib.contextmanager
+def _serving(h, tmp_path, **fields):
+    """A 'slow' tone model (0.2 s per chunk of 4 notes) and a 'gate' one; at most one job at a time and none queued."""
     port = free_port()
-    state = ServerState(h.make_runtime(), ServerConfig(max_concurrent=1, max_queued=0, request_timeout=30),
-                        {"slow": h.write_slow_model(tmp_path / "slow", 0.2)})
+    config = ServerConfig(**{"max_concurrent": 1, "max_queued": 0, "request_timeout": 30, **fields})
+    models = {"slow": h.write_slow_model(tmp_path / "slow", 0.2), "gate": h.write_gate_model(tmp_path / "gate")}
+    state = ServerState(h.make_runtime(), config, models)
     with WyomingThread(WyomingServer(WyomingService(state), f"tcp://127.0.0.1:{port}")):
         yield port, state
     assert not state.runtime.models(), "stopping the server frees its models"
+
+
+@pytest.fixture
+def slow_server(h, tmp_path):
+    """The models of _serving with its default limits."""
+    with _serving(h, tmp_path) as served:
+        yield served
 
 
 def _client(port: int) -> AsyncTcpClient:
@@ -100,3 +112,158 @@ def test_a_client_that_leaves_mid_stream_frees_its_job(slow_server):
         await a.disconnect()
         await asyncio.to_thread(_idle, state)
     asyncio.run(run())
+
+
+async def _events_until_closed(reader: asyncio.StreamReader, timeout: float = 10.0) -> list:
+    """Every event the server sends until it closes the connection (within `timeout` s)."""
+    events = []
+    while (event := await asyncio.wait_for(async_read_event(reader), timeout)) is not None:
+        events.append(event)
+    return events
+
+
+@pytest.mark.parametrize("header", ['{"type": "synthesize", "data_length": 2000000000}',
+                                   '{"type": "synthesize", "payload_length": 2000000000}',
+                                   '{"type": "synthesize", "data_length": "64"}'])
+def test_an_event_declaring_too_much_is_refused_before_its_bytes_are_read(slow_server, header):
+    """A header declaring 2 GB (or a length that is not a number) is answered by an error and a close, at once:
+    the server does not wait for, nor buffer, the declared bytes."""
+    port, state = slow_server
+
+    async def run():
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(header.encode() + b"\n")
+            await writer.drain()
+            events = await _events_until_closed(reader)
+        finally:
+            writer.close()
+        assert [e.type for e in events] == ["error"], events
+        error = Error.from_event(events[0])
+        assert error.code == "invalid_request" and f"up to {WyomingService(state).max_event_bytes()}" in error.text
+    asyncio.run(run())
+    assert WyomingService(state).max_event_bytes() < 1 << 20, "the bound follows the text limit, not 2 GB"
+
+
+def test_the_bytes_a_huge_header_declares_are_not_buffered(slow_server):
+    """A client that goes on sending what its 2 GB header declared is cut off: the server reads none of it, and its
+    resident memory does not grow by what was sent (the `wyoming` package's reader kept it all: +300 MB)."""
+    import psutil
+
+    port, _ = slow_server
+    mib = b"x" * (1 << 20)
+
+    async def run() -> int:
+        before = psutil.Process().memory_info().rss
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(b'{"type": "synthesize", "data_length": 2000000000}\n')
+            with pytest.raises(ConnectionError):
+                for _ in range(64):  # loopback socket buffers hold a few MiB at most
+                    writer.write(mib)
+                    await asyncio.wait_for(writer.drain(), 10)
+        finally:
+            writer.close()
+        return psutil.Process().memory_info().rss - before
+    assert asyncio.run(run()) < 32 << 20
+
+
+def test_nul_and_lone_surrogates_are_invalid_requests_plain_and_streamed(slow_server):
+    """Text with NUL or a lone surrogate (sent JSON-escaped, as a client may) is refused as HTTP refuses it, in
+    synthesize and in synthesize-chunk alike; the connection then serves the next request."""
+    port, _ = slow_server
+    voice = '"voice": {"name": "slow"}'
+
+    async def run():
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            for text in (r'"a\u0000b"', r'"a\ud800b"'):
+                for lines in ([f'{{"type": "synthesize", "data": {{"text": {text}, {voice}}}}}'],
+                              [f'{{"type": "synthesize-start", "data": {{{voice}}}}}',
+                               f'{{"type": "synthesize-chunk", "data": {{"text": {text}}}}}',
+                               '{"type": "synthesize-stop"}']):
+                    writer.write("".join(line + "\n" for line in lines).encode())
+                    event = await asyncio.wait_for(async_read_event(reader), 10)
+                    assert Error.is_type(event.type), (lines, event)
+                    error = Error.from_event(event)
+                    assert error.code == "invalid_request", (lines, error)
+                    assert "NUL" in error.text or "surrogate" in error.text, error.text
+            await async_write_event(Synthesize("ab", voice=SynthesizeVoice("slow")).event(), writer)
+            types = []
+            while not types or types[-1] != "audio-stop":
+                types.append((await asyncio.wait_for(async_read_event(reader), 10)).type)
+            assert types[0] == "audio-start", types
+        finally:
+            writer.close()
+    asyncio.run(run())
+
+
+def test_a_silent_connection_is_closed_and_a_silent_stream_frees_its_job(h, tmp_path):
+    """--idle-timeout: a connection that sends nothing, or a stream whose next chunk does not come, gets an error
+    event and is closed; the stream's job is cancelled and its slot is free again."""
+    gate = h.new_gate()
+
+    async def run(port, state):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            events = await _events_until_closed(reader)
+        finally:
+            writer.close()
+        assert [e.type for e in events] == ["error"] and Error.from_event(events[0]).code == "timeout", events
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            await async_write_event(SynthesizeStart(voice=SynthesizeVoice("gate")).event(), writer)
+            await async_write_event(SynthesizeChunk("ab").event(), writer)  # then silence
+            assert await asyncio.to_thread(gate.entered.acquire, True, 10), "the stream's job did not start"
+            (job,) = state.jobs
+            events = await _events_until_closed(reader)
+        finally:
+            writer.close()
+        assert [e.type for e in events] == ["error"] and Error.from_event(events[0]).code == "timeout", events
+        assert await asyncio.to_thread(job.cancelled.wait, 10), "the silent stream's job was not cancelled"
+        gate.open.set()
+        await asyncio.to_thread(_idle, state)
+
+    with _serving(h, tmp_path, idle_timeout=1.0) as (port, state):
+        asyncio.run(run(port, state))
+
+
+def test_a_stream_takes_its_job_slot_only_once_it_has_text(slow_server):
+    """With one slot: a client that sent synthesize-start and nothing more does not keep another from being served;
+    its text, when it comes, is spoken; a stream stopped without text is an error."""
+    port, state = slow_server
+
+    async def audio(client: AsyncTcpClient) -> list[str]:
+        types: list[str] = []
+        while not types or types[-1] not in ("audio-stop", "error"):
+            types.append((await client.read_event()).type)
+        return types
+
+    async def run():
+        async with _client(port) as a, _client(port) as b:
+            await a.write_event(SynthesizeStart(voice=SynthesizeVoice("slow")).event())
+            await a.write_event(Describe().event())  # answered after the start was handled
+            assert Info.is_type((await a.read_event()).type)
+            assert not state.jobs and not state.limiter.active, "a stream without text holds a job slot"
+            await b.write_event(Synthesize("ab", voice=SynthesizeVoice("slow")).event())
+            assert (await audio(b))[0] == "audio-start"
+            await asyncio.to_thread(_idle, state)
+            await a.write_event(SynthesizeChunk("ab").event())
+            await a.write_event(SynthesizeStop().event())
+            assert (await audio(a))[0] == "audio-start"
+            assert SynthesizeStopped.is_type((await a.read_event()).type)
+            await a.write_event(SynthesizeStart(voice=SynthesizeVoice("slow")).event())
+            await a.write_event(SynthesizeStop().event())
+            event = await a.read_event()
+            assert Error.is_type(event.type) and "no text" in Error.from_event(event).text, event
+    asyncio.run(run())
+
+
+def test_start_tunes_malloc_as_the_http_server_does(h, tmp_path, monkeypatch):
+    """Serving Wyoming applies ServerConfig's malloc tuning (else resident memory stays up after bursts)."""
+    import mizuoto.server.wyoming as wyoming
+
+    calls = []
+    monkeypatch.setattr(wyoming, "tune_malloc", lambda *args: calls.append(args) or True)
+    with _serving(h, tmp_path, mmap_threshold=3 << 20, malloc_arenas=3):
+        assert calls == [(3 << 20, 3)]
