@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,12 +182,15 @@ class _Stream:
         self.pieces: list[str] = []
         self.chars = 0
         self.pump: asyncio.Task | None = None
+        self.end: float | None = None  # from its first text, the stream's text has --body-timeout in all
 
     def add(self, text: str) -> None:
         """Take one synthesize-chunk."""
         self.chars += len(self.handler.service.check_text(text, self.chars))
         if not text:
             return
+        if self.end is None:
+            self.end = time.monotonic() + self.handler.service.state.config.body_timeout
         if not self.stream_in:
             self.pieces.append(text)
             return
@@ -243,7 +247,9 @@ class WyomingHandler(AsyncEventHandler):
         The `wyoming` package's reader buffers whatever data_length a header declares; here a header
         past max_event_bytes is refused unread, and each read waits at most --idle-timeout.
         """
-        idle, limit = self.service.state.config.idle_timeout, self.service.max_event_bytes()
+        config, limit = self.service.state.config, self.service.max_event_bytes()
+        end = self.stream.end if self.stream is not None else None
+        idle = config.idle_timeout if end is None else min(config.idle_timeout, max(end - time.monotonic(), 0.0))
 
         async def read(n: int) -> bytes:  # readexactly(0) is b"" at once
             return await asyncio.wait_for(self.reader.readexactly(n), idle)
@@ -266,6 +272,8 @@ class WyomingHandler(AsyncEventHandler):
                 raise ApiError(400, "an event's data must be a JSON object")
             payload = await read(sizes["payload_length"]) or None
         except asyncio.TimeoutError:
+            if idle < config.idle_timeout:  # a stream's text dripped below the idle timeout still ends
+                raise ApiError(408, f"the stream's text took longer than {config.body_timeout:g} s") from None
             raise ApiError(408, f"the connection sent no event for {idle:g} s") from None
         except (asyncio.IncompleteReadError, ConnectionError):
             return None

@@ -228,6 +228,37 @@ def test_a_silent_connection_is_closed_and_a_silent_stream_frees_its_job(h, tmp_
         asyncio.run(run(port, state))
 
 
+def test_a_stream_dripping_text_ends_at_the_body_timeout(h, tmp_path):
+    """Chunks sent a little at a time, each below the idle timeout, still end at --body-timeout from the first:
+    an error event, the connection closed, the stream's job cancelled and its slot free again."""
+    gate = h.new_gate()
+
+    async def run(port, state):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            await async_write_event(SynthesizeStart(voice=SynthesizeVoice("gate")).event(), writer)
+            await async_write_event(SynthesizeChunk("ab").event(), writer)
+            assert await asyncio.to_thread(gate.entered.acquire, True, 10), "the stream's job did not start"
+            (job,) = state.jobs
+
+            async def drip() -> None:
+                for _ in range(100):
+                    await asyncio.sleep(0.2)
+                    await async_write_event(SynthesizeChunk(" a").event(), writer)
+            dripping = asyncio.ensure_future(drip())
+            events = await _events_until_closed(reader)
+            dripping.cancel()
+        finally:
+            writer.close()
+        assert [e.type for e in events] == ["error"] and "took longer" in Error.from_event(events[0]).text, events
+        assert await asyncio.to_thread(job.cancelled.wait, 10), "the dripping stream's job was not cancelled"
+        gate.open.set()
+        await asyncio.to_thread(_idle, state)
+
+    with _serving(h, tmp_path, idle_timeout=2.0, body_timeout=1.0) as (port, state):
+        asyncio.run(run(port, state))
+
+
 def test_a_stream_takes_its_job_slot_only_once_it_has_text(slow_server):
     """With one slot: a client that sent synthesize-start and nothing more does not keep another from being served;
     its text, when it comes, is spoken; a stream stopped without text is an error."""
