@@ -281,6 +281,16 @@ class WyomingHandler(AsyncEventHandler):
             raise ApiError(400, f"unreadable event: {e}") from None
         return Event(type=header["type"], data={**data, **more}, payload=payload)
 
+    async def write_event(self, event: Event) -> None:
+        """Send one event; a client that takes none of it for --idle-timeout is dropped, and its job with it
+        (it would hold the connection, and the job its slot, for as long as it reads nothing)."""
+        idle = self.service.state.config.idle_timeout
+        try:
+            await asyncio.wait_for(super().write_event(event), idle)
+        except asyncio.TimeoutError:
+            self.writer.transport.abort()
+            raise ConnectionError(f"the client read nothing for {idle:g} s") from None
+
     async def _last_word(self, e: ApiError) -> None:
         try:
             await asyncio.wait_for(self.report(e), LAST_WORD_S)

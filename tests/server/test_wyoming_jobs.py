@@ -50,10 +50,12 @@ def _idle(state: ServerState, timeout: float = 10.0) -> None:
 
 @contextlib.contextmanager
 def _serving(h, tmp_path, **fields):
-    """A 'slow' tone model (0.2 s per chunk of 4 notes) and a 'gate' one; at most one job at a time and none queued."""
+    """A 'slow' tone model (0.2 s per chunk of 4 notes), a 'gate' one and a fast 48 kHz 'wide' one; at most one
+    job at a time and none queued."""
     port = free_port()
     config = ServerConfig(**{"max_concurrent": 1, "max_queued": 0, "request_timeout": 30, **fields})
-    models = {"slow": h.write_slow_model(tmp_path / "slow", 0.2), "gate": h.write_gate_model(tmp_path / "gate")}
+    models = {"slow": h.write_slow_model(tmp_path / "slow", 0.2), "gate": h.write_gate_model(tmp_path / "gate"),
+              "wide": h.write_model(tmp_path / "wide", sample_rate=48000)}
     state = ServerState(h.make_runtime(), config, models)
     with WyomingThread(WyomingServer(WyomingService(state), f"tcp://127.0.0.1:{port}")):
         yield port, state
@@ -256,6 +258,25 @@ def test_a_stream_dripping_text_ends_at_the_body_timeout(h, tmp_path):
         await asyncio.to_thread(_idle, state)
 
     with _serving(h, tmp_path, idle_timeout=2.0, body_timeout=1.0) as (port, state):
+        asyncio.run(run(port, state))
+
+
+def test_a_client_that_reads_no_audio_is_dropped_and_frees_its_job(h, tmp_path):
+    """A client that asks for minutes of audio and reads none of it: once the socket's buffers are full and it has
+    taken nothing for --idle-timeout, the connection is dropped and the job cancelled, its slot free again."""
+    async def run(port, state):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            await async_write_event(Synthesize("a" * 4000, voice=SynthesizeVoice("wide")).event(), writer)
+            end = time.monotonic() + 30
+            while not state.jobs and time.monotonic() < end:  # the job starts, then stalls on the full socket
+                await asyncio.sleep(0.02)
+            assert state.jobs, "the job did not start"
+            await asyncio.to_thread(_idle, state, 30)
+        finally:
+            writer.close()
+
+    with _serving(h, tmp_path, idle_timeout=1.0) as (port, state):
         asyncio.run(run(port, state))
 
 
