@@ -163,21 +163,28 @@ def speech_model(formats: tuple[str, ...], max_chars: int, need_input: bool = Tr
                         __validators__={"streamable": model_validator(mode="after")(streamable)}, **fields)
 
 
+# the annotated types of the fixed models' fields (type checkers take names in annotations, not calls)
+_LoadName = Name("the name to load it under")
+_LoadPath = Text("a served model directory, or one inside a --model-root; absent: the catalogue's directory of "
+                 "that name")
+_LoadEngine = Text("the engine to load it with; absent: detected")
+_ModelName = Name("a model's name")
+
+
 class LoadRequest(BaseModel):
     """POST /v1/models/load."""
 
     model_config = STRICT
-    model: Name("the name to load it under")
-    path: Text("a served model directory, or one inside a --model-root; absent: the catalogue's directory "
-               "of that name") | None = None
-    engine: Text("the engine to load it with; absent: detected") | None = None
+    model: _LoadName
+    path: _LoadPath | None = None
+    engine: _LoadEngine | None = None
 
 
 class UnloadRequest(BaseModel):
     """POST /v1/models/unload."""
 
     model_config = STRICT
-    model: Name("a model's name")
+    model: _ModelName
 
 
 def _voice_id(value: Any, info: ValidationInfo) -> Any:
@@ -199,12 +206,15 @@ FormModel = Annotated[Name(_ON_MODEL) | Literal[""] | Omitted, BeforeValidator(_
 @functools.cache
 def voice_models(max_chars: int) -> tuple[type[BaseModel], type[BaseModel]]:
     """(the JSON, the form) bodies of POST /v1/audio/voices: base64 audio, or a multipart form with the file."""
+    b64_audio = Text("base64 (or a data: URL) of a wav/flac/ogg/mp3 file, 16-192 kHz, 0.5-30 s")
+    transcript = Text("transcript of the audio", max_chars)
+
     class VoiceJson(BaseModel):
         model_config = ConfigDict(strict=True)  # other fields are ignored, as they always were
         id: VoiceId | Omitted = None
         name: VoiceId | Omitted = Field(None, description="an alias of id, read only when id is absent")
-        audio: Text("base64 (or a data: URL) of a wav/flac/ogg/mp3 file, 16-192 kHz, 0.5-30 s")
-        text: Text("transcript of the audio", max_chars) | None = None
+        audio: b64_audio
+        text: transcript | None = None
         model: VoiceModel = None
 
     class VoiceForm(BaseModel):
@@ -212,7 +222,7 @@ def voice_models(max_chars: int) -> tuple[type[BaseModel], type[BaseModel]]:
                                                                                {"required": ["audio"]}]})
         id: VoiceId | Omitted = None
         name: VoiceId | Omitted = Field(None, description="an alias of id, read only when id is absent")
-        text: Text("transcript of the audio", max_chars) | Omitted = None
+        text: transcript | Omitted = None
         model: FormModel = None
         file: Annotated[bytes | Omitted, Field(description="the reference audio (a file part)")] = None
         audio: Annotated[bytes | Omitted, Field(description="the same, read when file is absent")] = None

@@ -10,7 +10,6 @@ from __future__ import annotations
 from python_multipart.multipart import MultipartParser, MultipartState, parse_options_header
 
 from mizuoto.errors import InvalidRequest, MizuotoError
-from mizuoto.runtime.voicestore import VOICE_ID
 from mizuoto.server.audio import MAX_VOICE_RATE, MAX_VOICE_SECONDS, decode_base64, decode_reference
 from mizuoto.server.errors import ApiError, from_exception
 from mizuoto.server.state import ServerState, StoredVoice
