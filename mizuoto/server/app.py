@@ -35,7 +35,7 @@ log = logging.getLogger("mizuoto.server")
 SHUTDOWN_JOIN_SECONDS = 10.0
 ADMIN_BODY_BYTES = 1 << 20  # load and unload bodies are a name and a path
 _STATUS_TEXT = {
-    400: "a field is invalid; `param` names it",
+    400: "a field is invalid (`param` names it), or the request is not valid HTTP",
     401: "missing or wrong key (`Authorization: Bearer <key>`)",
     403: "the admin key is needed (or administration is off: the server has no --admin-key)",
     404: "unknown model or voice",
@@ -430,7 +430,8 @@ def create_app(runtime: Any, config: ServerConfig | None = None, models: dict[st
     for path, handler, method, name, admin, doc in _routes(state):
         needs = [] if admin is None or (not admin and state.config.api_key is None) else [_authorize(admin)]
         auth = errors(401, 403) if admin else errors(401) if needs else {}
-        doc["responses"] = {**doc.get("responses", {}), **auth}
+        # any request may be malformed HTTP (a bad Content-Length, say): uvicorn refuses it with the JSON 400
+        doc["responses"] = {**errors(400), **doc.get("responses", {}), **auth}
         app.add_api_route(path, handler, methods=[method], name=name, dependencies=[Depends(d) for d in needs],
                           **{"response_class": JSONResponse, **doc})
     app.add_api_websocket_route("/v1/audio/speech/stream", _ws)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -10,6 +11,8 @@ from typing import Any
 import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from mizuoto.server.errors import ApiError
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -45,6 +48,16 @@ class _HeaderTimeoutH11(H11Protocol):
         elif waiting and self._header_timer is None and not self.transport.is_closing():
             # the next request on a kept-alive connection: its first byte stopped uvicorn's keep-alive timer
             self._header_timer = self.loop.call_later(self.header_timeout, self._headers_too_slow)
+
+    def send_400_response(self, msg: str) -> None:
+        """A request that is not valid HTTP (a malformed header, a bad Content-Length) gets the server's JSON error
+        body, as every other error does, instead of uvicorn's plain text."""
+        body = json.dumps(ApiError(400, f"invalid HTTP request: {msg}").body()).encode()
+        headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+        for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=body),
+                      h11.EndOfMessage()):
+            self.transport.write(self.conn.send(event))
+        self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._header_timer is not None:

@@ -410,3 +410,16 @@ def test_a_websocket_session_dripping_text_gives_its_slot_back(hostile):
         time.sleep(0.05)
     assert "mizuoto_requests_in_flight 0" in client.get("/metrics").text  # the slot is free again
     _healthy(client)
+
+
+def test_a_request_that_is_not_valid_http_gets_the_json_error_body(hostile):
+    """A malformed Content-Length is refused before any route, with the JSON error body every error has."""
+    server, client = hostile
+    with socket.create_connection((server.host, server.port)) as sock:
+        sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nContent-Length: }mC\r\n\r\n")
+        reply = _closed_within(sock, 20 * TIMEOUT)
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400") and b"application/json" in head, reply[:300]
+    error = json.loads(body)["error"]
+    assert error["code"] == 400 and error["message"].startswith("invalid HTTP request"), error
+    _healthy(client)

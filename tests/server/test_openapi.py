@@ -36,6 +36,9 @@ NAMED = {  # difference -> the words docs/server.md names it by
     "POST /v1/audio/voices requestBody.content.multipart/form-data.schema.properties.name: added": "upload's `name`",
     f"POST /v1/models/load {JSON_BODY}.additionalProperties: added": "refuse unknown fields",
     f"POST /v1/models/unload {JSON_BODY}.additionalProperties: added": "refuse unknown fields",
+    **{f"{op} responses.400: added": "not valid HTTP" for op in (
+        "DELETE /v1/audio/voices/{voice_id}", "GET /", "GET /health", "GET /metrics", "GET /ready", "GET /v1/audio/voices",
+        "GET /v1/models")},
     'POST /v1/models/load responses.200.content.application/json.schema.required: ["id", "object", "loaded", '
     '"owned_by"] -> ["id", "object", "loaded", "owned_by", "evicted"]': "`evicted` as required",
 }
