@@ -1,6 +1,6 @@
 """`mizuoto serve`: the HTTP server as a subcommand. Every flag can also be set by a MIZUOTO_* variable.
 
-Importing this module needs only the standard library and mizuoto's cheap modules; Starlette and
+Importing this module needs only the standard library and mizuoto's cheap modules; FastAPI and
 uvicorn are imported when the server starts, with a clear error when the `server` extra is not installed.
 """
 
