@@ -26,7 +26,7 @@ from mizuoto.errors import MizuotoError
 from mizuoto.server import page, schemas, speech, voices, websocket
 from mizuoto.server.audio import MEDIA_TYPES
 from mizuoto.server.errors import ApiError, from_exception
-from mizuoto.server.jobs import in_fresh_thread
+from mizuoto.server.jobs import in_fresh_thread, in_time
 from mizuoto.server.malloc import tune_malloc
 from mizuoto.server.schemas import Error, Omitted, checked, parse_json
 from mizuoto.server.state import ServerConfig, ServerState
@@ -89,15 +89,11 @@ async def _body(request: Request, limit: int) -> bytes:
     config = _state(request).config
     idle, end = config.idle_timeout, time.monotonic() + config.body_timeout
     while True:
-        left = end - time.monotonic()
         try:
-            part = await asyncio.wait_for(stream.__anext__(), min(idle, max(left, 0.0)))
+            part = await in_time(stream.__anext__(), idle, end, f"the request body stalled for {idle:g} s",
+                                 f"the request body took longer than {config.body_timeout:g} s")
         except StopAsyncIteration:
             break
-        except asyncio.TimeoutError:
-            if idle < left:
-                raise ApiError(408, f"the request body stalled for {idle:g} s") from None
-            raise ApiError(408, f"the request body took longer than {config.body_timeout:g} s") from None
         size += len(part)
         if size > limit:
             raise ApiError(413, f"request body exceeds the limit of {limit} bytes")

@@ -28,6 +28,17 @@ _END = object()
 QUEUE_CHUNKS = 8  # chunks a worker may run ahead of a slow client
 
 
+async def in_time(awaitable: Any, idle: float, end: float | None, stalled: str, late: str) -> Any:
+    """Await what a client sends within `idle` seconds and before `end` (a monotonic time; None: no end);
+    past either, the 408 saying which ran out (`stalled` or `late`): a client that trickles below the
+    idle timeout still meets the end."""
+    left = idle if end is None else min(idle, max(end - time.monotonic(), 0.0))
+    try:
+        return await asyncio.wait_for(awaitable, left)
+    except asyncio.TimeoutError:
+        raise ApiError(408, late if left < idle else stalled) from None
+
+
 async def in_fresh_thread(fn: Callable[..., Any], *args: Any) -> Any:
     """fn(*args) in a new thread that ends with the call, awaited from the event loop.
 

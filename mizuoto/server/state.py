@@ -93,6 +93,8 @@ class ServerState:
         self._loading: dict[str, threading.Event] = {}  # catalogue models being loaded -> set when done
         self.formats = available_formats()
         self.speech = speech_model(self.formats, config.max_input_chars)  # the speech body's model
+        # a WebSocket or Wyoming session's fields: raw PCM out, the text sent apart
+        self.session = speech_model(("pcm",), config.max_input_chars, need_input=False, default_format="pcm")
 
     # ---- models --------------------------------------------------------------------------------
     def loaded(self) -> list[str]:

@@ -22,10 +22,10 @@ from collections.abc import Iterator
 
 from mizuoto.runtime.lease import POLL_S, Lease
 from mizuoto.server.errors import ApiError, from_exception
-from mizuoto.server.jobs import Cancelled, in_fresh_thread
+from mizuoto.server.jobs import Cancelled, in_fresh_thread, in_time
 from mizuoto.server.speech import ClientGone, Pull, pcm16, start_job
 from mizuoto.server.state import ServerState
-from mizuoto.server.schemas import check_text, checked, speech_model
+from mizuoto.server.schemas import check_text, checked
 
 _DONE = object()
 
@@ -71,13 +71,8 @@ class TextFeed:
 async def _message(ws, idle: float, end: float | None = None, total: float = 0.0) -> dict:
     """The next JSON message; a session silent for `idle` seconds, or (with `end`, a monotonic time) whose text
     is not all in by then, is ended: it would hold the socket, and from its first text a job slot."""
-    left = idle if end is None else min(idle, max(end - time.monotonic(), 0.0))
-    try:
-        message = await asyncio.wait_for(ws.receive(), left)
-    except asyncio.TimeoutError:
-        if left < idle:  # a text dripped below the idle timeout still ends
-            raise ApiError(408, f"the session's text took longer than {total:g} s") from None
-        raise ApiError(408, f"the session sent nothing for {idle:g} s") from None
+    message = await in_time(ws.receive(), idle, end, f"the session sent nothing for {idle:g} s",
+                            f"the session's text took longer than {total:g} s")
     if message["type"] == "websocket.disconnect":
         from starlette.websockets import WebSocketDisconnect
 
@@ -139,8 +134,7 @@ async def session(ws, state: ServerState) -> None:
         start = await _message(ws, state.config.idle_timeout)
         if start["type"] != "session.start":
             raise ApiError(400, f"the first message must be session.start, got {start['type']!r}", "type")
-        p = checked(speech_model(("pcm",), state.config.max_input_chars, need_input=False, default_format="pcm"),
-                    {k: v for k, v in start.items() if k != "type"})
+        p = checked(state.session, {k: v for k, v in start.items() if k != "type"})
         if p.input is not None:
             raise ApiError(400, "send the text with input_text.append messages, not in session.start", "input")
         if p.stream_format is not None:

@@ -35,11 +35,11 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, Synthesize
 from mizuoto.errors import InvalidRequest, MizuotoError
 from mizuoto.nn.dsp.wav import to_pcm16
 from mizuoto.server.errors import ApiError, from_exception
-from mizuoto.server.jobs import in_fresh_thread
+from mizuoto.server.jobs import in_fresh_thread, in_time
 from mizuoto.server.malloc import tune_malloc
 from mizuoto.server.speech import ClientGone, Pull, start_job
 from mizuoto.server.state import ServerState
-from mizuoto.server.schemas import check_text, checked, speech_model
+from mizuoto.server.schemas import check_text, checked
 from mizuoto.server.websocket import TextFeed
 
 log = logging.getLogger("mizuoto.wyoming")
@@ -124,8 +124,7 @@ class WyomingService:
         data: dict[str, Any] = {"model": voice.model, "voice": voice.voice}
         if self.seed is not None:
             data["seed"] = self.seed
-        return checked(speech_model(("pcm",), self.state.config.max_input_chars, need_input=False,
-                                    default_format="pcm"), data)
+        return checked(self.state.session, data)
 
     def check_text(self, text: Any, so_far: int = 0) -> str:
         """The text of a request or chunk, refused when it is not a string or past the length limit."""
@@ -249,13 +248,17 @@ class WyomingHandler(AsyncEventHandler):
         """
         config, limit = self.service.state.config, self.service.max_event_bytes()
         end = self.stream.end if self.stream is not None else None
-        idle = config.idle_timeout if end is None else min(config.idle_timeout, max(end - time.monotonic(), 0.0))
+
+        async def within(awaitable: Any) -> bytes:
+            return await in_time(awaitable, config.idle_timeout, end,
+                                 f"the connection sent no event for {config.idle_timeout:g} s",
+                                 f"the stream's text took longer than {config.body_timeout:g} s")
 
         async def read(n: int) -> bytes:  # readexactly(0) is b"" at once
-            return await asyncio.wait_for(self.reader.readexactly(n), idle)
+            return await within(self.reader.readexactly(n))
 
         try:
-            line = await asyncio.wait_for(self.reader.readline(), idle)  # at most the reader's limit, 64 KiB
+            line = await within(self.reader.readline())  # at most the reader's limit, 64 KiB
             if not line:
                 return None
             header = json.loads(line)
@@ -271,10 +274,6 @@ class WyomingHandler(AsyncEventHandler):
             if not isinstance(more, dict):
                 raise ApiError(400, "an event's data must be a JSON object")
             payload = await read(sizes["payload_length"]) or None
-        except asyncio.TimeoutError:
-            if idle < config.idle_timeout:  # a stream's text dripped below the idle timeout still ends
-                raise ApiError(408, f"the stream's text took longer than {config.body_timeout:g} s") from None
-            raise ApiError(408, f"the connection sent no event for {idle:g} s") from None
         except (asyncio.IncompleteReadError, ConnectionError):
             return None
         except (ValueError, RecursionError) as e:  # not JSON, nested too deeply, or a line past the reader's limit
