@@ -21,6 +21,7 @@ import torch
 from mizuoto.errors import InvalidRequest, MizuotoError
 from mizuoto.runtime.bench import (CPU_DEFAULTS, BenchDriver, BenchSettings, benchmark, concurrency_sweep,
                                    format_concurrency, format_table)
+from mizuoto.runtime.bench_memory import SECONDS, MemoryCase, format_memory, run_case_process, summarize
 from mizuoto.runtime.hub import resolve_model
 from mizuoto.runtime.options import LoadOptions, add_load_arguments, options_from_args
 from mizuoto.runtime.threads import in_thread
@@ -99,6 +100,14 @@ def configure(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]
     p.add_argument("--concurrency", metavar="N,N,...", type=_counts,
                    help="also start N streamed requests at once for each N, e.g. 1,2,4,8: aggregate LM tokens/s,"
                         " audio seconds per second, first-chunk p50/p95, peak memory")
+    p.add_argument("--memory", nargs="?", const=",".join(str(x) for x in SECONDS), metavar="SECONDS,...",
+                   type=_seconds, help="instead of timing: each stage call's planned working memory against its"
+                   " measured peak, for requests of these lengths (default 1,5,15,30,60 s), whole and streamed,"
+                   " each in a fresh process")
+    p.add_argument("--memory-rows", metavar="N,N,...", type=_counts, default=[1, 8],
+                   help="with --memory: the LM's batch rows of the whole requests (default 1,8)")
+    p.add_argument("--memory-modes", metavar="MODE,...", type=_modes, default=["whole", "streamed"],
+                   help="with --memory: whole, streamed or both (default both)")
     add_load_arguments(p)
     p.add_argument("--bandwidth", type=float, help="the device's peak bandwidth in GB/s (overrides the lookup)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -110,6 +119,23 @@ def _counts(text: str) -> list[int]:
         return [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected counts like 1,2,4,8, got {text!r}") from None
+
+
+def _seconds(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected seconds like 1,5,15,30,60, got {text!r}")
+    return values
+
+
+def _modes(text: str) -> list[str]:
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    if not modes or set(modes) - {"whole", "streamed"}:
+        raise argparse.ArgumentTypeError(f"expected whole, streamed or both, got {text!r}")
+    return modes
 
 
 def add_bench_command(subparsers: Any) -> argparse.ArgumentParser:
@@ -134,6 +160,8 @@ def run_bench(args: argparse.Namespace) -> int:
         args.model_dir = args.model_opt
     if (args.model_dir is None) == (args.random is None):
         raise InvalidRequest("bench: give a model directory or --random KIND (one of them)")
+    if getattr(args, "memory", None):
+        return run_memory(args)
     options = _options(args)
     defaults = asdict(BenchSettings()) if options.device.startswith("cuda") else CPU_DEFAULTS
     counts = {k: getattr(args, k) if getattr(args, k) is not None else defaults[k] for k in CPU_DEFAULTS}
@@ -175,6 +203,31 @@ def run_bench(args: argparse.Namespace) -> int:
     result["settings"] = asdict(settings)
     result["options"] = {"device": options.device, "precision": options.precision, **asdict(options.compute)}
     print(json.dumps(result, indent=2) if args.json else _text(result))
+    return 0
+
+
+def run_memory(args: argparse.Namespace) -> int:
+    """`mizuoto bench --memory`: every case in a fresh process; the calibration table (or JSON)."""
+    rows = sorted(set(args.memory_rows))
+    batch = max(rows)
+    options = options_from_args(args, {"compute.batch": batch} if batch > 1 else None).resolved()
+    modes = [m == "streamed" for m in args.memory_modes]
+    cases = [MemoryCase(s, stream) for s in args.memory for stream in modes]
+    cases += [MemoryCase(s, False, n) for s in args.memory for n in rows if n > 1 and False in modes]
+    with tempfile.TemporaryDirectory(prefix="mizuoto-bench-") as tmp:
+        spec = {"model_dir": str(resolve_model(args.model_dir)) if args.model_dir else None, "random": args.random,
+                "workdir": args.workdir or tmp, "assets": getattr(args, "assets", None), "driver": args.driver,
+                "options": options.as_dict()}
+        calls = []
+        for case in cases:
+            print(f"bench --memory: {case.label} ...", file=sys.stderr, flush=True)
+            calls += run_case_process({**spec, "case": asdict(case)})
+    table = summarize(calls)
+    if args.json:
+        print(json.dumps({"calls": calls, "summary": table, "options": options.as_dict()}, indent=2))
+    else:
+        where = args.model_dir or f"random {args.random}"
+        print(format_memory(table, f"{where} on {options.device}: planned vs measured working memory per stage call"))
     return 0
 
 

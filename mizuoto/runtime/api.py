@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -192,9 +193,9 @@ class Runtime:
                 name = self._unique(name or path.resolve().name)
                 if executor is not None:
                     executor.rename(name)
-                loaded = _Loaded(name, engine, variant, path, opts, model,
-                                 Scheduler(model, opts.device, name=name, executor=executor, cond=self._changed),
-                                 None)
+                loaded = _Loaded(name, engine, variant, path, opts, model, None, None)
+                loaded.scheduler = Scheduler(model, opts.device, name=name, executor=executor, cond=self._changed,
+                                             room=functools.partial(self._reserve, loaded))
                 loaded.plan = self._plan_for(loaded, None)
                 self._models[name] = loaded
             while not self._try_admit(loaded, loaded.plan, waitable=end is not None and time.monotonic() < end,
@@ -577,6 +578,41 @@ class Runtime:
                         with self._changed:
                             self._changed.notify_all()
                     return
+            self._wait_for_room(lease)
+
+    @contextlib.contextmanager
+    def _reserve(self, loaded: _Loaded, stage: str, lease: Lease, working: int, sizes: dict) -> Iterator[None]:
+        """Room for one `stage` call of `working` bytes beside what `lease` was admitted with, for the block.
+
+        The request's plan is made again with the call's figure (its placement may change to make
+        room) and admitted as `_turn` admits it: evicting idle models, or waiting for room other
+        requests hold, until the lease's end. A call the budget can never hold is RequestTooLarge,
+        before it runs. After the block the request goes back to its admitted plan.
+        """
+        base = lease.plan
+        if base is None or lease.model != loaded.name or working <= base.stage(stage).working:
+            yield  # nothing to add: within what the request was admitted with (or not a runtime request)
+            return
+        sizes_text = ", ".join(f"{k} {v}" for k, v in sizes.items())
+        stages = tuple(replace(s, working=working) if s.name == stage else s for s in base.stages)
+        try:
+            plan = plan_model(loaded.name, stages, base.budget, loaded.options.device, base.stream)
+        except MemoryBudgetError as e:
+            raise RequestTooLarge(f"request refused at its {stage} call ({sizes_text}): {e}") from None
+        self._admit_held(loaded, plan, lease)
+        try:
+            yield
+        finally:
+            loaded.scheduler.resize(lease, base.peak)
+            try:
+                self._try_admit(loaded, base, loaded.scheduler.together() - base.peak, lease=lease)
+            except MizuotoError as e:  # smaller than what was just admitted: only an unload beside it gets here
+                log.warning("%s: the request's plan after its %s call: %s", loaded.name, stage, e)
+
+    def _admit_held(self, loaded: _Loaded, plan: Plan, lease: Lease) -> None:
+        """Admit a held model for `plan` beside the requests running with it, waiting for room until the lease ends."""
+        loaded.scheduler.resize(lease, plan.peak, self._pool(loaded.options.device).device_budget)
+        while not self._try_admit(loaded, plan, loaded.scheduler.together() - plan.peak, waitable=True, lease=lease):
             self._wait_for_room(lease)
 
     def _check_cycle(self, name: str, lease: Lease, busy: set[str]) -> None:

@@ -318,7 +318,7 @@ def _percentile(values: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
-def _clients(n: int, work: Callable[[], Any]) -> tuple[list[Any], float]:
+def run_clients(n: int, work: Callable[[], Any]) -> tuple[list[Any], float]:
     """work() in n threads started at once; their results and the wall time from the start."""
     barrier = threading.Barrier(n + 1)
     results: list[Any] = []
@@ -371,8 +371,8 @@ def concurrent_run(driver: BenchDriver, settings: BenchSettings, clients: int) -
 
     _peak_reset(device)
     synchronize(device)
-    _, lm_wall = _clients(clients, lm)
-    streams, wall = _clients(clients, stream)
+    _, lm_wall = run_clients(clients, lm)
+    streams, wall = run_clients(clients, stream)
     synchronize(device)
     firsts = [f for f, _ in streams]
     return {"concurrency": clients, "wall_s": wall, "lm_wall_s": lm_wall,

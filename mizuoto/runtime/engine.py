@@ -257,9 +257,12 @@ class AudioChunk:
 class Stage:
     """A part of a model that runs as a unit and moves between devices as a unit.
 
-    `working_memory(request)` gives the bytes the stage needs beside its weights while running
-    `request`; with `request=None` it must give the bound the planner uses for any request.
-    `fixed` names modules that never move device (whoever uses them reads their device).
+    `working_memory(request)` gives the bytes a request is admitted with for the stage, beside its
+    weights; with `request=None` it must give the figure the planner uses for any request. A stage
+    that also declares `call_memory` reserves each call's own working memory when its inputs are
+    known (`Model.room(stage, lease, **sizes)`: `call_memory(**sizes)` bytes, for the block); its
+    `memory` then gives the least any request needs of it (what every request certainly uses),
+    not a bound. `fixed` names modules that never move device (whoever uses them reads their device).
     """
 
     name: str
@@ -267,6 +270,7 @@ class Stage:
     modules: Mapping[str, torch.nn.Module]
     fixed: frozenset[str] = frozenset()
     memory: Callable[[SynthesisRequest | None], int] = field(default=lambda request: 0, compare=False)
+    call_memory: Callable[..., int] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fixed", frozenset(self.fixed))
@@ -288,6 +292,15 @@ class Stage:
             raise InvalidRequest(f"stage {self.name!r}: working memory must be a non-negative int, got {n!r}")
         return n
 
+    def call_working(self, **sizes: int) -> int:
+        """Bytes of working memory one call on inputs of these sizes needs (its `call_memory`)."""
+        if self.call_memory is None:
+            raise InvalidRequest(f"stage {self.name!r} declares no per-call working memory")
+        n = self.call_memory(**sizes)
+        if not isinstance(n, int) or n < 0:
+            raise InvalidRequest(f"stage {self.name!r}: a call's working memory must be a non-negative int, got {n!r}")
+        return n
+
     def movable(self) -> dict[str, torch.nn.Module]:
         """The modules the scheduler may move."""
         return {k: m for k, m in self.modules.items() if k not in self.fixed}
@@ -302,6 +315,7 @@ class Model(abc.ABC):
     """
 
     _gate: Callable[..., contextlib.AbstractContextManager] | None = None
+    _room: Callable[..., contextlib.AbstractContextManager] | None = None
     stages: tuple[Stage, ...]  # the model's stages in the order a request runs through them
     capabilities: Capabilities  # what this model can do (may change, e.g. when a voice is added)
     # Requests the model runs at once: above 1 its sequence stage batches them (runtime.batching)
@@ -344,9 +358,29 @@ class Model(abc.ABC):
     def close(self) -> None:
         """Release what the model holds; it is not used afterwards."""
 
-    def bind(self, gate: Callable[..., contextlib.AbstractContextManager] | None) -> None:
-        """Install the scheduler's stage gate (None: run where the modules are)."""
+    def bind(self, gate: Callable[..., contextlib.AbstractContextManager] | None,
+             room: Callable[..., contextlib.AbstractContextManager] | None = None) -> None:
+        """Install the scheduler's stage gate and the runtime's call reservations (None: run where the modules are)."""
         self._gate = gate
+        self._room = room
+
+    @contextlib.contextmanager
+    def room(self, stage: str, lease: Any = None, **sizes: int) -> Iterator[int]:
+        """Memory for one call of `stage` on inputs of these sizes, reserved for `lease` during the block.
+
+        Yields the call's working memory (`Stage.call_working`). Under a runtime, the request's
+        reservation grows to it first, evicting idle models or waiting for room like admission
+        (RequestTooLarge when the budget can never hold it); without one, nothing is reserved.
+        Enter it where the request may wait: in the request's own thread, before submitting the
+        call to a batched model's compute loop. Without a `lease`, the lease of the executor call it
+        runs in (as `use`).
+        """
+        working = self.stage(stage).call_working(**sizes)
+        if self._room is None:
+            yield working
+            return
+        with self._room(stage, lease, working, sizes):
+            yield working
 
     @contextlib.contextmanager
     def use(self, stage: str, lease: Any = None) -> Iterator[torch.device]:

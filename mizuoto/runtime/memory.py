@@ -139,6 +139,13 @@ class Plan:
         """Bytes of movable weights that wait in host memory while not their turn."""
         return sum(s.weights for s in self.stages if s.name not in self.pinned)
 
+    def stage(self, name: str) -> StageSize:
+        """The sizes of the stage called `name`."""
+        for s in self.stages:
+            if s.name == name:
+                return s
+        raise InvalidRequest(f"plan of {self.model!r} has no stage {name!r}")
+
     def group_of(self, stage: str) -> tuple[str, ...]:
         """The stages that must be on the device while `stage` runs."""
         for g in self.groups:

@@ -36,10 +36,10 @@ from collections.abc import Callable, Iterator
 import torch
 
 from mizuoto.runtime.engine import AudioChunk, Model, SynthesisRequest, takes_lease
-from mizuoto.errors import InvalidRequest
+from mizuoto.errors import InvalidRequest, MemoryBudgetError
 from mizuoto.runtime.executor import JOIN_S, Executor
 from mizuoto.runtime.lease import Lease
-from mizuoto.runtime.memory import Plan
+from mizuoto.runtime.memory import Plan, format_bytes
 
 log = logging.getLogger("mizuoto.runtime")
 _END = object()
@@ -49,8 +49,10 @@ class Scheduler:
     """Owns the placement of one model's movable modules; `trace` records every move as (stage, "device" | "host")."""
 
     def __init__(self, model: Model, device: str | torch.device, host: str | torch.device = "cpu",
-                 name: str = "model", executor: Executor | None = None, cond: threading.Condition | None = None):
+                 name: str = "model", executor: Executor | None = None, cond: threading.Condition | None = None,
+                 room: Callable[..., contextlib.AbstractContextManager] | None = None):
         self.model = model
+        self._room = room  # the runtime's reservation of one stage call's working memory (Model.room)
         self.device = torch.device(device)
         self.host = torch.device(host)
         self.plan: Plan | None = None  # the plan the modules are placed for now
@@ -64,6 +66,7 @@ class Scheduler:
         self._owners: dict[Lease, tuple[int, int]] = {}  # (peak, reserve) of each holder
         self._threads: dict[Lease, int] = {}  # the thread each holder iterates in (to refuse a self-deadlock)
         self._queue: collections.deque[Lease] = collections.deque()  # waiting requests, first come first
+        self._growing: set[Lease] = set()  # holders waiting for room for a stage call (resize)
         self._bound = 0
         own = getattr(model, "executor", None)
         # `executor`: the one the model was loaded on, kept for its requests (unless it brings its own)
@@ -93,6 +96,40 @@ class Scheduler:
         if not rows:
             return 0
         return max(p - r for p, r in rows) + sum(r for _, r in rows)
+
+    def resize(self, lease: Lease, peak: int, budget: int | None = None) -> None:
+        """A holder's peak for its next stage call (its reserve, what it keeps while others run, stays).
+
+        With a `budget`, a larger peak waits until it fits beside the other holders' reserves (one
+        leaving, or shrinking back after a call of its own), until the lease's end; when every other
+        holder waits to grow too, none can give room to another and this one gives way at once
+        (MemoryBudgetError).
+        """
+        with self._cond:
+            if lease not in self._owners:
+                return
+            reserve = self._owners[lease][1]
+            grown = (max(peak, reserve), reserve)
+
+            def fits() -> bool:
+                if lease not in self._owners:  # it ended meanwhile
+                    return True
+                rows = [grown if other is lease else held for other, held in self._owners.items()]
+                if budget is None or max(p - r for p, r in rows) + sum(r for _, r in rows) <= budget:
+                    return True
+                if set(self._owners) - {lease} <= self._growing:
+                    raise MemoryBudgetError(
+                        f"a stage call needs {format_bytes(grown[0])} beside the other requests running on this"
+                        f" model, which wait for room too; it gives way (retry, or raise the budget)")
+                return False
+            self._growing.add(lease)
+            try:
+                lease.wait_for(self._cond, fits, "while waiting for room beside the requests running with it")
+            finally:
+                self._growing.discard(lease)
+            if lease in self._owners:
+                self._owners[lease] = grown
+            self._cond.notify_all()
 
     @contextlib.contextmanager
     def hold(self, lease: Lease, name: str = "model", reserve: int = 0, peak: int = 0,
@@ -196,7 +233,7 @@ class Scheduler:
         """Let the model's `use(stage)` calls go through this scheduler's gate during the block."""
         with self._cond:
             if not self._bound:
-                self.model.bind(self._gate)
+                self.model.bind(self._gate, self._reserve if self._room is not None else None)
             self._bound += 1
         try:
             yield
@@ -221,6 +258,11 @@ class Scheduler:
                 if name not in self._on_device:
                     self._move(name, True)
         yield self.device
+
+    def _reserve(self, stage: str, lease: Lease | None, working: int, sizes: dict) -> contextlib.AbstractContextManager:
+        # Model.room: the lease given, or the one of the executor call the reservation is made in
+        lease = lease if lease is not None else self.executor.running_lease()
+        return self._room(stage, lease, working, sizes) if lease is not None else contextlib.nullcontext()
 
     def _resident(self, keep: tuple[str, ...]) -> list[str]:
         """Stages on the device that are not in `keep`, in stage order."""

@@ -27,7 +27,7 @@ from mizuoto.server import page, schemas, speech, voices, websocket
 from mizuoto.server.audio import MEDIA_TYPES
 from mizuoto.server.errors import ApiError, from_exception
 from mizuoto.server.jobs import in_fresh_thread, in_time
-from mizuoto.server.malloc import tune_malloc
+from mizuoto.runtime.malloc import tune_malloc
 from mizuoto.server.schemas import Error, Omitted, checked, parse_json
 from mizuoto.server.state import ServerConfig, ServerState
 

@@ -36,7 +36,7 @@ from mizuoto.errors import InvalidRequest, MizuotoError
 from mizuoto.nn.dsp.wav import to_pcm16
 from mizuoto.server.errors import ApiError, from_exception
 from mizuoto.server.jobs import in_fresh_thread, in_time
-from mizuoto.server.malloc import tune_malloc
+from mizuoto.runtime.malloc import tune_malloc
 from mizuoto.server.speech import ClientGone, Pull, start_job
 from mizuoto.server.state import ServerState
 from mizuoto.server.schemas import check_text, checked

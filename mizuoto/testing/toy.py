@@ -71,7 +71,7 @@ class ToneModel(Model):
             Stage("listen", "frontend", {"probe": modules["probe"]}, memory=self._listen_memory),
             Stage("notes", "sequence", {"table": modules["table"]}, memory=self._notes_memory),
             Stage("render", "frames", {"gain": modules["gain"], "window": modules["window"]},
-                  fixed={"window"}, memory=self._render_memory),
+                  fixed={"window"}, memory=self._render_memory, call_memory=self._render_call_memory),
         )
         self.capabilities = Capabilities(modes=frozenset(MODES), sample_rate=self.rate, stream_out=True, stream_in=True,
                                   languages=tuple(config.get("languages", ())), voice_cache=True)
@@ -88,9 +88,14 @@ class ToneModel(Model):
         return 4 * self.hidden * chars
 
     def _render_memory(self, request: SynthesisRequest | None) -> int:
-        chars = len(request.text) if request is not None and isinstance(request.text, str) else _PLANNING_CHARS
+        # each render call reserves its own notes (Model.room); every request renders one note at least
         speed = request.speed if request is not None else 0.25
-        return 4 * chars * int(NOTE_SECONDS * self.rate / speed)
+        return self._render_call_memory(notes=1, samples=int(NOTE_SECONDS * self.rate / speed))
+
+    @staticmethod
+    def _render_call_memory(notes: int, samples: int) -> int:
+        """A render call: one float32 wave of `samples` per note."""
+        return 4 * notes * samples
 
     def _listen(self, audio: torch.Tensor, rate: int) -> float:
         with self.use("listen") as device:
@@ -165,7 +170,7 @@ class ToneModel(Model):
         """Sine notes continuing from `phase`; returns the audio and the phase it ends on."""
         n = int(NOTE_SECONDS * self.rate / speed)
         out = []
-        with self.use("render") as device:
+        with self.room("render", notes=len(notes), samples=n), self.use("render") as device:
             fade = self._m["window"].fade  # fixed: read where it lives
             for semitone, emb in notes:
                 freq = f0 * 2.0 ** (semitone / 12)

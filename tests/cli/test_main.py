@@ -86,16 +86,16 @@ def test_models_detect(capsys, tone_dir, tmp_path):
 def test_models_plan_defaults_to_the_device_a_request_uses(capsys, tone_dir):
     code, out, err = _run(capsys, "models", "--plan", tone_dir)
     assert (code, err) == (0, "")
-    assert out.splitlines()[0].startswith(f"model tone on {DEFAULT_DEVICE}, non-streaming: resident, peak 2.94 MiB")
-    assert out.splitlines()[-1].startswith(f"device {DEFAULT_DEVICE}: 2.94 MiB of ")
+    assert out.splitlines()[0].startswith(f"model tone on {DEFAULT_DEVICE}, non-streaming: resident, peak 1.84 MiB")
+    assert out.splitlines()[-1].startswith(f"device {DEFAULT_DEVICE}: 1.84 MiB of ")
 
 
 def test_models_plan_on_the_cpu_within_the_host_budget(capsys, tone_dir):
-    code, out, err = _run(capsys, "models", "--plan", tone_dir, tone_dir, "--device", "cpu", "--ram", "5MiB")
+    code, out, err = _run(capsys, "models", "--plan", tone_dir, tone_dir, "--device", "cpu", "--ram", "3MiB")
     assert code == 0
-    assert out.startswith("model tone on cpu, non-streaming: resident, peak 2.94 MiB of 5.00 MiB")
+    assert out.startswith("model tone on cpu, non-streaming: resident, peak 1.84 MiB of 3.00 MiB")
     assert "admitting tone-2 unloads tone" in out  # the host is the device: nowhere to offload to
-    assert out.splitlines()[-1] == "device cpu: 2.94 MiB of 5.00 MiB in use; active: tone-2; offloaded: none"
+    assert out.splitlines()[-1] == "device cpu: 1.84 MiB of 3.00 MiB in use; active: tone-2; offloaded: none"
     code, out, err = _run(capsys, "models", "--plan", tone_dir, "--device", "cpu", "--vram", "1GiB")
     assert code == 0 and out.splitlines()[0] == ("planning for cpu (as asked) within the host budget; --vram is a"
                                                  " GPU budget: add --device cuda to plan for it")
@@ -106,14 +106,14 @@ def test_models_plan_for_a_gpu_budget(capsys, tone_dir):
     no_gpu = "no cuda device on this machine: this is a cuda plan for the budget --vram"
     code, out, err = _run(capsys, "models", "--plan", tone_dir, "--device", "cuda", "--vram", "1GiB")
     assert code == 0 and (no_gpu in out) == (not torch.cuda.is_available())
-    assert "model tone on cuda, non-streaming: resident, peak 2.94 MiB of 1.00 GiB" in out
+    assert "model tone on cuda, non-streaming: resident, peak 1.84 MiB of 1.00 GiB" in out
     assert "offloaded: none" in out
-    code, out, err = _run(capsys, "models", "--plan", tone_dir, tone_dir, "--device", "cuda", "--vram", "5MiB",
+    code, out, err = _run(capsys, "models", "--plan", tone_dir, tone_dir, "--device", "cuda", "--vram", "3MiB",
                           "--ram", "1GiB")
     assert code == 0 and "admitting tone-2 offloads tone" in out and "offloaded: tone" in out
-    code, out, err = _run(capsys, "models", "--plan", tone_dir, "--device", "cuda", "--vram", "2MiB", "--stream")
+    code, out, err = _run(capsys, "models", "--plan", tone_dir, "--device", "cuda", "--vram", "1MiB", "--stream")
     assert code == 1
-    assert "refused: model tone does not fit 2.00 MiB on cuda" in out and "streaming keeps notes+render together" in out
+    assert "refused: model tone does not fit 1.00 MiB on cuda" in out and "streaming keeps notes+render together" in out
 
 
 def test_models_plan_for_a_missing_gpu_needs_a_budget(capsys, tone_dir):

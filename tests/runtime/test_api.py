@@ -2,6 +2,7 @@
 
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -9,7 +10,8 @@ import torch
 from mizuoto.runtime.api import Runtime
 from mizuoto.runtime.engine import Capabilities, Reference, SynthesisRequest
 from mizuoto.errors import AudioError, InvalidRequest, MemoryBudgetError, ModelLoadError
-from mizuoto.testing.toy import ToneEngine, ToneModel, write_model
+from mizuoto.runtime.memory import plan_model
+from mizuoto.testing.toy import CHUNK_NOTES, NOTE_SECONDS, ToneEngine, ToneModel, write_model
 
 
 def _audio(chunks):
@@ -164,6 +166,14 @@ def _peaks(tone_dir):
         return rt.plan(name).peak, rt.plan(name, stream=True).peak
 
 
+def _call_peak(rt, name, request, stage, **sizes):
+    """The peak of `request`'s plan while one `stage` call on inputs of these sizes runs (as Model.room makes it)."""
+    plan = rt._plan_for(rt._get(name), request)
+    working = rt.model(name).stage(stage).call_working(**sizes)
+    stages = [replace(s, working=working) if s.name == stage else s for s in plan.stages]
+    return plan_model(name, stages, plan.budget, plan.device, plan.stream).peak
+
+
 def test_memory_admission_on_cpu(tone_dir, tmp_path):
     peak, stream_peak = _peaks(tone_dir)
     other = write_model(tmp_path / "other")
@@ -228,36 +238,38 @@ def test_rehearse_plans_for_another_device_and_moves_nothing(rt, tone_dir):
     rt.load(tone_dir, device="cpu")
     rt.load(tone_dir, device="cpu")
     before = [(m.name, m.device, m.state) for m in rt.models()]
-    r = rt.rehearse("cuda", vram="5MiB", ram="1GiB")  # no GPU needed: a vram budget is given
-    assert (r.device, r.budget, r.active, r.offloaded) == ("cuda", 5 << 20, ("tone-2",), ("tone",))
+    r = rt.rehearse("cuda", vram="3MiB", ram="1GiB")  # no GPU needed: a vram budget is given
+    assert (r.device, r.budget, r.active, r.offloaded) == ("cuda", 3 << 20, ("tone-2",), ("tone",))
     assert [a.model for a in r.admissions] == ["tone", "tone-2"] and r.admissions[0].evictions == ()
     assert [(e.model, e.action) for e in r.admissions[1].evictions] == [("tone", "offload")]
     first, second = (a.plan for a in r.admissions)
     assert first.device == second.device == "cuda"
     assert r.in_use == second.peak + first.fixed  # an offloaded model's fixed modules stay on the device
     assert [(m.name, m.device, m.state) for m in rt.models()] == before
-    on_cpu = rt.rehearse("cpu", stream=True, ram="2MiB")
+    on_cpu = rt.rehearse("cpu", stream=True, ram="1MiB")
     assert [a.plan for a in on_cpu.admissions] == [None, None] and on_cpu.active == ()
-    assert "does not fit 2.00 MiB on cpu" in on_cpu.admissions[0].refused
+    assert "does not fit 1.00 MiB on cpu" in on_cpu.admissions[0].refused
     if not torch.cuda.is_available():
         with pytest.raises(InvalidRequest, match="no cuda device on this machine"):
             rt.rehearse("cuda")
 
 
-# as long and slow as the planning bound, so the model loads under a budget two such requests exceed
+# the same KV rows; the slow one's render calls (a note at least) make its admitted peak larger
 _LONG = dict(text="a" * 200, speed=0.25)
-_SHORT = dict(text="a" * 200, speed=1.0)  # the same KV rows, a smaller peak
+_SHORT = dict(text="a" * 200, speed=1.0)
 
 
 @pytest.mark.parametrize("first, second", [(_LONG, _LONG), (_LONG, _SHORT), (_SHORT, _LONG)],
                          ids=["long+long", "long+short", "short+long"])
-def test_a_batched_model_admits_a_joining_request_only_while_its_working_memory_fits(tone_dir, first, second):
+def test_a_batched_model_admits_a_joining_request_only_while_its_working_memory_fits(tmp_path, first, second):
     """Two streams at once on a model of batch width 2: both run when each one's peak fits beside the
     other's sequence-stage memory, the second waits for the first when either does not (a short
     joiner beside a long stream included: checking the joiner alone let it in)."""
     import threading
 
     from mizuoto.runtime.engine import SynthesisRequest
+
+    tone_dir = write_model(tmp_path / "wide", hidden=8192)  # its notes, not its listening, make the peak
 
     requests = [SynthesisRequest(**r, mode="preset", voice="low", seed=0, stream=True) for r in (first, second)]
     with Runtime(engines=[ToneEngine], plugins=False) as rt:
@@ -268,7 +280,12 @@ def test_a_batched_model_admits_a_joining_request_only_while_its_working_memory_
         assert max(rt.plan(name).peak, rt.plan(name, stream=True).peak, *peaks) <= together - 1
         if (first, second) == (_LONG, _SHORT):  # the joiner alone fits beside the running one: not enough
             assert peaks[1] + rows[0] <= together - 1
-    for budget, joins in ((together, True), (together - 1, False)):
+        # a render call (a chunk of notes) reserves more than the one note each was admitted with
+        calls = [_call_peak(rt, name, r, "render", notes=CHUNK_NOTES, samples=int(NOTE_SECONDS * 16000 / r.speed))
+                 for r in requests]
+        growth = max(c - p for c, p in zip(calls, peaks))
+        assert 0 < growth < min(rows)
+    for budget, joins in ((together + growth, True), (together - 1, False)):
         with Runtime(ram=budget, engines=[ToneEngine], plugins=False) as rt:
             name = rt.load(tone_dir)
             rt.model(name).batch_width = 2
@@ -435,8 +452,9 @@ def test_two_requests_each_waiting_for_the_others_room_do_not_deadlock(tone_dir,
     with Runtime(engines=[ToneEngine], plugins=False) as probe:
         name = probe.load(tone_dir)
         small = probe._plan_for(probe._get(name), SynthesisRequest("ab", voice="low")).peak
-        long_need = probe._plan_for(probe._get(name), SynthesisRequest("ab" * 300, voice="low", speed=0.25)).peak
-    assert long_need > peak > small
+        long_need = _call_peak(probe, name, SynthesisRequest("ab" * 300, voice="low", speed=0.25), "render",
+                               notes=600, samples=int(NOTE_SECONDS * 16000 / 0.25))
+    assert long_need > peak >= small
     other = write_model(tmp_path / "other")
     # both models fit beside each other's short request, a long one only alone
     with Runtime(ram=long_need + small // 2, engines=[ToneEngine], plugins=False) as rt:

@@ -1,4 +1,4 @@
-"""`mizuoto bench` for CosyVoice 2/3: the loaded model's own synthesizer on one fixed request, and random models.
+"""`mizuoto bench` for CosyVoice 1/2/3: the loaded model's own synthesizer on one fixed request, and random models.
 
 The driver loads a model directory as a request would (CosyVoiceModel, its stages placed on the
 device) and times the Synthesizer's own stage calls: `lm_tokens` (the LM's `generate`, with
@@ -26,10 +26,11 @@ import torch
 from mizuoto.engines.cosyvoice.frontend import forget_embeddings
 from mizuoto.engines.cosyvoice.flow import build_flow
 from mizuoto.engines.cosyvoice.hift import build_hift
-from mizuoto.engines.cosyvoice.llm import ENDOFPROMPT_ID, QwenSpeechLM, build_lm
+from mizuoto.engines.cosyvoice.llm import ENDOFPROMPT_ID, QwenSpeechLM, TransformerSpeechLM, build_lm
 from mizuoto.engines.cosyvoice.synthesis import Synthesizer
 from mizuoto.engines.cosyvoice.variants import find_variant, load_config
 from mizuoto.errors import InvalidRequest
+from mizuoto.runtime.bench import run_clients
 from mizuoto.runtime.memory import tensor_bytes
 
 BLANK_EN = "CosyVoice-BlankEN"
@@ -93,21 +94,21 @@ def build_random_cosyvoice2(dest: str | Path, assets: str | Path | None = None, 
     return dest
 
 
-def lm_step_bytes(lm: QwenSpeechLM, positions: float) -> int:
+def lm_step_bytes(lm: QwenSpeechLM | TransformerSpeechLM, positions: float) -> int:
     """Bytes one decode step reads: the decoder layers, final norm, speech head and the KV cache."""
     dec = lm.llm
+    if isinstance(lm, TransformerSpeechLM):  # v1: the wenet encoder's blocks, K and V at its output size
+        return int(tensor_bytes([dec, lm.llm_decoder]) + len(dec.encoders) * 2 * dec.output_size() * 4 * positions)
     weights = tensor_bytes([dec.layers, dec.norm, lm.llm_decoder])  # buffers too: a batch's packed layers
     kv = dec.config.kv_bytes_per_position(dec.embed_tokens.weight.element_size(), repeated=False)
     return int(weights + kv * positions)
 
 
 class CosyVoiceBench:
-    """The bench driver of one CosyVoice 2/3 model directory (see mizuoto.runtime.bench.BenchDriver)."""
+    """The bench driver of one CosyVoice model directory (see mizuoto.runtime.bench.BenchDriver)."""
 
     def __init__(self, model: Any, settings: Any, label: str | None = None) -> None:
         variant, options = model.variant, model.options
-        if variant.version < 2:
-            raise InvalidRequest(f"bench: {model.model_dir} is not a CosyVoice 2/3 model (CosyVoice 1 is not benchmarked)")
         self.settings = settings
         self.device = device = torch.device(options.device)
         self.model = model
@@ -140,7 +141,7 @@ class CosyVoiceBench:
         g = torch.Generator().manual_seed(2)
         speech = torch.randint(0, model.llm.speech_token_size, (1, PROMPT_TOKENS), generator=g, dtype=torch.int32)
         spk_dim = model.flow.spk_embed_affine_layer.in_features
-        mel_frames = PROMPT_TOKENS * model.schedule.token_mel_ratio
+        mel_frames = model.schedule_mel_frames(PROMPT_TOKENS)
         return {"text": torch.tensor([text], dtype=torch.int32),
                 "prompt_text": torch.tensor([prompt_text], dtype=torch.int32).reshape(1, -1),
                 "llm_prompt_speech_token": speech, "flow_prompt_speech_token": speech,
@@ -200,14 +201,45 @@ class CosyVoiceBench:
         yield from self.synthesizer(tokens).run(self.inputs, stream=True, speed=1.0, lm_gen=self._generator(0),
                                                 voc_gen=self._generator(1))
 
+    # -- bench --memory ------------------------------------------------------------------------
+    @property
+    def tokens_per_second(self) -> float:
+        """Speech tokens per second of audio (the flow's input rate)."""
+        return float(self.model.flow.input_frame_rate)
+
+    def memory_case(self, tokens: int, stream: bool, rows: int) -> None:
+        """One request of `tokens` speech tokens through the model's own stage calls, each inside `model.room`.
+
+        Whole: the LM (its `rows` requests decoded together, in the model's batch when rows > 1), then
+        one flow and one vocoder call; streamed: the synthesizer's chunk schedule. The LM's call is
+        the whole generation, reserved here as the runtime admits it: at the positions it fills.
+        """
+        if stream:
+            for _ in self.stream(tokens):
+                pass
+            return
+        prompt = 2 + sum(self.inputs[k].shape[1] for k in ("text", "prompt_text", "llm_prompt_speech_token"))
+        with self.model.room("llm", positions=prompt + tokens, rows=rows):
+            if rows == 1:
+                speech = self.lm(tokens)
+            else:
+                if self.model.batch_width < rows:
+                    raise InvalidRequest(f"bench --memory: {rows} rows need --option compute.batch={rows}")
+                self.use_batch(True)
+                try:
+                    speech = run_clients(rows, lambda: self.lm(tokens))[0][0]
+                finally:
+                    self.use_batch(False)
+        self.vocoder(self.flow(speech))
+
 
 def bench_model_dir(model_dir: Path | None, random: str | None, workdir: Path,
                     assets: str | Path | None = None) -> tuple[Path, str | None]:
     """The directory `mizuoto bench` loads (a random kind is built under `workdir`) and its label."""
     if random is None:
         variant = find_variant(Path(model_dir))
-        if variant is None or variant.version < 2:
-            raise InvalidRequest(f"bench: {model_dir} is not a CosyVoice 2/3 model (CosyVoice 1 is not benchmarked)")
+        if variant is None:
+            raise InvalidRequest(f"bench: {model_dir} is not a CosyVoice model directory")
         return Path(model_dir), None
     if random not in RANDOM_KINDS:
         raise InvalidRequest(f"bench: cannot build a random {random!r} (known: {', '.join(RANDOM_KINDS)})")

@@ -20,7 +20,7 @@ from mizuoto.engines.cosyvoice.flow import build_flow, load_flow_weights
 from mizuoto.engines.cosyvoice.frontend import CosyVoiceFrontend
 from mizuoto.engines.cosyvoice.hift import load_hift
 from mizuoto.engines.cosyvoice.llm import QwenSpeechLM, drop_silent_runs, load_lm
-from mizuoto.engines.cosyvoice.memory import frames_stage_memory, lm_stage_memory
+from mizuoto.engines.cosyvoice.memory import FlowMemory, HiftMemory, LmMemory, admission
 from mizuoto.engines.cosyvoice.noise import cosyvoice3_noise
 from mizuoto.engines.cosyvoice.synthesis import Synthesizer, request_generators, schedule_for
 from mizuoto.engines.cosyvoice.variants import find_variant, load_config
@@ -110,15 +110,29 @@ class CosyVoiceModel(Model):
         if self._audio_ok:
             front_modules = {"speech_tokenizer": self.frontend.speech_tokenizer, "campplus": self.frontend.campplus}
         fixed_hift = {"f0_predictor"} if variant.version == 3 and f0_device(device) != device else set()
+        calls = {"llm": LmMemory(self.llm), "flow": FlowMemory(self.flow), "hift": HiftMemory(self.hift.upsample_scale)}
+        admitted = admission(calls["llm"], calls["flow"], calls["hift"], self._segment_tokens, variant.version,
+                             self.schedule_mel_frames)
         self.stages = (
             Stage("frontend", "frontend", front_modules, fixed={"campplus"} & set(front_modules)),
-            Stage("llm", "sequence", {"llm": self.llm}, memory=lm_stage_memory(self.llm)),
-            Stage("flow", "frames", {"flow": self.flow}, memory=frames_stage_memory(self.flow, self.sample_rate)),
+            Stage("llm", "sequence", {"llm": self.llm}, memory=admitted["llm"], call_memory=calls["llm"]),
+            Stage("flow", "frames", {"flow": self.flow}, memory=admitted["flow"], call_memory=calls["flow"]),
             Stage("hift", "frames", dict(self.hift.named_children()), fixed=fixed_hift,
-                  memory=frames_stage_memory(self.hift, self.sample_rate)),
+                  memory=admitted["hift"], call_memory=calls["hift"]),
         )
         # the bench runs token ids through the stages: a directory without the front end's files is fine there
         self.capabilities = None if frontend_optional and not self._audio_ok else self._capabilities()
+
+    def _segment_tokens(self, text: str) -> list[int]:
+        """Text tokens of each segment the request's text becomes (the admission's count; see memory.py)."""
+        segments = self.frontend.segments(text)
+        if self.variant.version == 3:
+            segments = [self.frontend.with_system_prompt(s) for s in segments]
+        return [len(self.frontend.tokenizer.encode(s)) for s in segments]
+
+    def schedule_mel_frames(self, tokens: int) -> int:
+        """Mel frames the flow makes for `tokens` speech tokens."""
+        return self.flow.mel_frames(tokens) if self.variant.version == 1 else self.schedule.token_mel_ratio * tokens
 
     def _cuda_graphs(self, device: torch.device) -> dict[str, bool]:
         """The LM's `cuda_graphs` argument; when requested but impossible, log why once, here."""
@@ -263,7 +277,7 @@ class CosyVoiceModel(Model):
         """
         options = {"cache": self.options.compute.kv_cache, **self._graphs_arg, **lm_options}
         return Synthesizer(self.schedule, lm=self.llm if with_lm else None, flow=self.flow, hift=self.hift,
-                           use=self.use, precision=self.options.precision, lm_options=options,
+                           use=self.use, room=self.room, precision=self.options.precision, lm_options=options,
                            token_filter=drop_silent_runs if self.variant.version == 3 else None,
                            batcher=self.batcher if batched else None, lease=lease)
 

@@ -35,7 +35,6 @@ MAX_SILENT_RUN = 5
 PROMPT_POSITIONS_CAP = 300
 MAX_TOKEN_TEXT_RATIO = 20
 MIN_TOKEN_TEXT_RATIO = 2
-LM_OVERHEAD_BYTES = 512 * 1024 ** 2
 
 
 def drop_silent_runs(tokens: Iterable[int]) -> Iterator[int]:
@@ -331,10 +330,11 @@ class TransformerSpeechLM(nn.Module):
                  prompt_speech_token: torch.Tensor | None = None, *,
                  generator: torch.Generator | None = None, embedding: torch.Tensor | None = None,
                  cache: str = "dynamic", max_token_text_ratio: float = MAX_TOKEN_TEXT_RATIO,
-                 min_token_text_ratio: float = MIN_TOKEN_TEXT_RATIO) -> Iterator[int]:
+                 min_token_text_ratio: float = MIN_TOKEN_TEXT_RATIO, suppress_stop: bool = False) -> Iterator[int]:
         """Yield speech token ids as upstream's TransformerLM.inference does.
 
-        The wenet LM keeps its own growing cache (`cache` is accepted for a uniform call).
+        The wenet LM keeps its own growing cache (`cache` is accepted for a uniform call);
+        `suppress_stop` (benchmarks) keeps it speaking to its maximum length.
         """
         text, prompt_text = _row(text, "text"), _row(prompt_text, "prompt_text")
         prompt_speech_token = _row(prompt_speech_token, "prompt_speech_token")
@@ -353,7 +353,7 @@ class TransformerSpeechLM(nn.Module):
                 lm_input, offset=offset, required_cache_size=-1, att_cache=att_cache,
                 cnn_cache=cnn_cache, att_mask=causal)
             scores = self.llm_decoder(hidden[:, -1]).log_softmax(dim=-1).squeeze(dim=0)
-            if i < min_len:
+            if i < min_len or suppress_stop:
                 scores[self.speech_token_size] = -float("inf")
             token = self.sampler(scores, out_tokens, generator)
             if token == self.eos_token:

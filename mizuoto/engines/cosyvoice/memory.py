@@ -1,107 +1,63 @@
-"""Working-memory formulas the CosyVoice stages declare to the planner.
+"""Working memory of the CosyVoice stages: each call's figure from its sizes, and what a request is admitted with.
 
-The LM's is its KV cache at upstream's cap (see lm_working_bytes). The flow and the vocoder work on
-whole segments of mel frames. Their activations grow linearly with the segment's length (the widest
-activation of each times the frames, with a safety factor), and the flow's attention adds a term
-quadratic in the frames (prompt and speech together): scores over every pair of frames, per head,
-for the CFG batch of two, times the live copies measured per attention kind (tests measure the
-fixture models' peaks against these figures).
+Each figure models what runs on the CPU (resident growth of the process while the call runs, with
+the runtime's allocator settings: runtime.malloc) and is an upper bound on CUDA, whose fused
+attention kernels hold no more. The constants below were measured with `mizuoto bench --memory`
+on the fixture models and full-size random models (docs/memory.md, "Calibration"; Intel Xeon,
+2 threads, torch 2.13.0, 2026-12-03):
 
-A request's segment length is bounded from its text: upstream's splitter cuts at sentence marks and
-merges up to 80 tokens, so no segment is longer than 80 tokens plus the longest run without a mark
-(characters bound tokens; digits read out as words can exceed that, so it is an estimate). An
-unpunctuated text is one segment: its flow attention grows with the square of its length, and a
-request past the budget is refused before it starts.
+- **LM** (`positions`, `rows`): the KV cache of every layer at `positions` per row, one layer's keys
+  or values once more while the dynamic cache grows by concatenation, and per row the step's
+  activations (the hidden state through the MLP's width, the logits); the prefill adds the
+  prompt's activations once.
+- **Flow** (`tokens` into the encoder, `frames` the decoder runs on): the encoder and the decoder
+  run one after the other, so the call needs the larger of the two. Each holds (T x T) float
+  matrices: the conformer's relative-position attention RELPOS_SQUARE per head, and RELPOS_LINEAR
+  floats per position and head (T = tokens before the upsampling, frames after; the same on the
+  fixture and the released sizes); the U-Net's one per CFG row and head (its additive mask repeated
+  per head) and UNET_ROW_COPIES per row; the DiT's DIT_COPIES per CFG row (its boolean mask
+  broadcast over heads). The estimator's activations linear in the frames: UNET_INPUT_COPIES and
+  UNET_CHANNEL_COPIES per frame and row (its stacked input, its widest convolution), DIT_WIDTHS.
+- **Vocoder** (`frames` of mel): linear in the samples it makes: the harmonic source at the
+  output rate and the widest upsampled activations.
+
+A request is admitted with the LM's bound (its KV cache at upstream's length cap for the longest
+segment's text tokens, counted with the model's own tokenizer) and with what its flow and vocoder
+certainly need: upstream's LM speaks at least MIN_TOKEN_TEXT_RATIO tokens per text token (v1/v2;
+CosyVoice 3 drops silent runs after the LM, so there nothing is certain). Each flow and vocoder
+call then reserves its own figure (Model.room) once the LM has spoken.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from torch import nn
 
-from mizuoto.engines.cosyvoice.llm import (LM_OVERHEAD_BYTES, MAX_TOKEN_TEXT_RATIO, PROMPT_POSITIONS_CAP,
+from mizuoto.engines.cosyvoice.llm import (MAX_TOKEN_TEXT_RATIO, MIN_TOKEN_TEXT_RATIO, PROMPT_POSITIONS_CAP,
                                            QwenSpeechLM, TransformerSpeechLM)
+from mizuoto.nn.flow.unet1d import Attention as UNetAttention
+from mizuoto.nn.transformer.attention import RelPositionMultiHeadedAttention
+from mizuoto.nn.transformer.dit import Attention as DiTAttention
 from mizuoto.runtime.engine import SynthesisRequest
-from mizuoto.nn.lm.qwen import QwenConfig
-from mizuoto.text.normalize.rules import EN_SPLIT_MARKS, ZH_SPLIT_MARKS
 
-# upstream's split_paragraph flushes past 80 tokens and merges tails under 20: the planning bound is
-# a segment of 100 text tokens; the LM speaks at most 20 speech tokens per text token.
-SEGMENT_TEXT_TOKENS = 100
-SPLIT_FLUSH_TOKENS = 80
-MAX_SPEECH_TOKENS = 20 * SEGMENT_TEXT_TOKENS
-MEL_FRAMES_PER_TOKEN = 2
-# The flow's frames come from the tokens the LM actually speaks, ~4-8 per text token in upstream's
-# released models; the frames terms use 8 (the LM's KV bound keeps upstream's cap of 20).
-FLOW_TOKENS_PER_TEXT_TOKEN = 8
-PROMPT_MEL_FRAMES = MEL_FRAMES_PER_TOKEN * PROMPT_POSITIONS_CAP
-ACTIVATION_FACTOR = 16  # live activations per widest tensor (residuals, attention, CFG copies)
-# Live float copies of a (frames x frames) score matrix per head, by attention class: the U-Net's
-# repeats its mask per head and keeps scores and softmax (measured 14-22 on the v2 fixture, 900 to
-# 2,500 frames, 2026-12-01, tests/engines/cosyvoice/test_memory_peaks.py); the DiT's goes through
-# SDPA's fused kernel (measured under 1).
-ATTENTION_COPIES = {"mizuoto.nn.flow.unet1d.Attention": 24, "mizuoto.nn.transformer.dit.Attention": 2}
-FLOAT_BYTES = 4
-_MARKS = frozenset(ZH_SPLIT_MARKS | EN_SPLIT_MARKS)
-
-
-def longest_sentence(text: str) -> int:
-    """Characters of the longest run of `text` without a sentence mark."""
-    longest = run = 0
-    for ch in text:
-        run = 0 if ch in _MARKS else run + 1
-        longest = max(longest, run)
-    return longest
-
-
-def request_text_tokens(request: SynthesisRequest | None) -> int:
-    """Text tokens a request's longest segment may have: the planning bound, or from the request's text."""
-    if request is None or not isinstance(request.text, str):
-        return SEGMENT_TEXT_TOKENS
-    return max(1, min(len(request.text), SPLIT_FLUSH_TOKENS + longest_sentence(request.text)))
-
-
-def lm_positions(text_tokens: int) -> int:
-    """Positions upstream's decode can fill: a 300-position prompt, then 20 speech tokens per text token."""
-    return PROMPT_POSITIONS_CAP + MAX_TOKEN_TEXT_RATIO * text_tokens
-
-
-def qwen_lm_working_bytes(cfg: QwenConfig, text_tokens: int, dtype_bytes: int = FLOAT_BYTES) -> int:
-    """Qwen2 LM (v2/v3): the KV cache at upstream's cap + 512 MiB.
-
-    The cache is held at the real KV width (num_key_value_heads) in every layer; attention repeats
-    one layer's K and V to the query-head width (one copy per head group) while it runs.
-    """
-    cache = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim
-    repeated = 2 * cfg.num_attention_heads * cfg.head_dim
-    return lm_positions(text_tokens) * (cache + repeated) * dtype_bytes + LM_OVERHEAD_BYTES
-
-
-def transformer_lm_working_bytes(num_blocks: int, output_size: int, text_tokens: int,
-                                 dtype_bytes: int = FLOAT_BYTES) -> int:
-    """v1 TransformerLM: its wenet K/V cache (K and V at output_size per block) at the cap + 512 MiB.
-
-    forward_chunk rebuilds the cache each step, so up to two more copies live for a moment;
-    the 512 MiB covers them up to the released model's size at the cap.
-    """
-    return lm_positions(text_tokens) * num_blocks * 2 * output_size * dtype_bytes + LM_OVERHEAD_BYTES
-
-
-def lm_working_bytes(lm: nn.Module, text_tokens: int, dtype_bytes: int = FLOAT_BYTES) -> int:
-    """The working memory of a CosyVoice LM (v1 TransformerLM or v2/v3 Qwen2) for `text_tokens`."""
-    if isinstance(lm, QwenSpeechLM):
-        return qwen_lm_working_bytes(lm.llm.config, text_tokens, dtype_bytes)
-    if isinstance(lm, TransformerSpeechLM):
-        return transformer_lm_working_bytes(len(lm.llm.encoders), lm.llm.output_size(), text_tokens, dtype_bytes)
-    raise TypeError(f"not a CosyVoice LM: {type(lm).__name__}")
-
-
-def lm_stage_memory(lm: nn.Module) -> Callable[[SynthesisRequest | None], int]:
-    """The LM stage's formula: its KV cache at upstream's length cap for the request, + 512 MiB."""
-    def memory(request: SynthesisRequest | None) -> int:
-        return lm_working_bytes(lm, request_text_tokens(request))
-    return memory
+FLOAT = 4
+CFG_ROWS = 2  # the flow's estimator runs the conditioned and the unconditioned row together
+# conformer self-attention with relative positions, per head (batch of one): (T x T) floats live at
+# once (scores, position scores, their sum, softmax, masked copies) and per-position buffers
+RELPOS_SQUARE, RELPOS_LINEAR = 6.8, 1900
+UNET_ROW_COPIES = 1.2  # U-Net attention per CFG row: the mask repeated per head (one copy each), + this
+DIT_COPIES = 1.3  # DiT attention per CFG row: its boolean mask broadcast over heads, and its float form
+# the estimator's activations per frame and CFG row: the U-Net's, in copies of its stacked input
+# and of its widest convolution (fitted on the fixture's and the released widths: 320 inputs, 80
+# and 256 channels); the DiT's, in widths of its widest layer
+UNET_INPUT_COPIES, UNET_CHANNEL_COPIES = 1.9, 11.7
+UNET_FIXED_BYTES = 3 << 20  # its timestep embedding and per-block buffers, whatever the frames
+DIT_WIDTHS = 8.0
+HIFT_BYTES_PER_SAMPLE = 250  # harmonic source and upsampled activations per output sample
+HIFT_FIXED_BYTES = 7 << 20  # glibc's arenas hold the small buffers of a short call
+LM_STEP_WIDTHS = 16  # a step's live activations per row, in widths of the LM's widest layer
+FIXED_BYTES = 1 << 20  # what any call allocates whatever its size (kernel workspaces, small buffers)
 
 
 def _widest(module: nn.Module) -> int:
@@ -110,28 +66,122 @@ def _widest(module: nn.Module) -> int:
     return max(widths, default=1)
 
 
-def _attention(module: nn.Module) -> tuple[int, int]:
-    """(heads, live score copies) of the widest attention inside `module` (0, 0 when it has none)."""
-    found = [(int(m.heads), ATTENTION_COPIES[f"{type(m).__module__}.{type(m).__qualname__}"])
-             for m in module.modules() if f"{type(m).__module__}.{type(m).__qualname__}" in ATTENTION_COPIES]
-    return max(found, key=lambda hc: hc[0] * hc[1], default=(0, 0))
+# ---- the LM ---------------------------------------------------------------------------------------
+
+class LmMemory:
+    """The LM's call figure: `positions` in its cache per row, `rows` decoded together."""
+
+    def __init__(self, lm: nn.Module):
+        if isinstance(lm, QwenSpeechLM):  # its dynamic cache grows one layer at a time (torch.cat)
+            cfg = lm.llm.config
+            self.layers, self.per_layer = cfg.num_hidden_layers, 2 * cfg.num_key_value_heads * cfg.head_dim * FLOAT
+            self.width, self.regrown = max(cfg.intermediate_size, cfg.hidden_size), 1
+        elif isinstance(lm, TransformerSpeechLM):  # wenet's forward_chunk returns every block's cache anew
+            self.layers, self.per_layer = len(lm.llm.encoders), 2 * lm.llm.output_size() * FLOAT
+            self.width, self.regrown = _widest(lm.llm), 2 * self.layers  # and their stack: three copies
+        else:
+            raise TypeError(f"not a CosyVoice LM: {type(lm).__name__}")
+        self.vocab = _widest(lm.llm_decoder) if hasattr(lm, "llm_decoder") else self.width
+
+    def __call__(self, positions: int, rows: int = 1) -> int:
+        """Bytes for `rows` requests of `positions` positions each."""
+        cache = self.layers * self.per_layer * positions
+        grow = self.regrown * self.per_layer * positions  # the old cache beside the new while it grows
+        step = LM_STEP_WIDTHS * self.width * FLOAT + self.vocab * FLOAT
+        return int(rows * (cache + grow + step) + FIXED_BYTES)
+
+    def bound(self, text_tokens: int) -> int:
+        """Its figure at upstream's cap: a prompt of PROMPT_POSITIONS_CAP, MAX_TOKEN_TEXT_RATIO speech tokens per text token."""
+        return self(PROMPT_POSITIONS_CAP + (MAX_TOKEN_TEXT_RATIO + 1) * text_tokens)
 
 
-def frames_working_bytes(width: int, heads: int, copies: int, frames: int) -> int:
-    """A frames stage on `frames` mel frames (CFG batch of two): linear activations + attention scores."""
-    return 2 * width * frames * FLOAT_BYTES * ACTIVATION_FACTOR + 2 * heads * copies * frames * frames * FLOAT_BYTES
+# ---- the flow -------------------------------------------------------------------------------------
+
+class FlowMemory:
+    """The flow's call figure over `tokens` encoder tokens and `frames` decoder frames (see the module docstring)."""
+
+    def __init__(self, flow: nn.Module):
+        self.encoder_sites: list[tuple[str, int]] = []  # (rate, heads) of each conformer attention stack
+        encoder = getattr(flow, "encoder", None)
+        if encoder is not None:
+            for stack, rate in (("encoders", "tokens"), ("up_encoders", "frames")):
+                heads = [m.h for m in getattr(encoder, stack, nn.ModuleList()).modules()
+                         if isinstance(m, RelPositionMultiHeadedAttention)]
+                if heads:
+                    self.encoder_sites.append((rate, max(heads)))
+        estimator = flow.decoder.estimator
+        unet = [m.heads for m in estimator.modules() if isinstance(m, UNetAttention)]
+        dit = [m for m in estimator.modules() if isinstance(m, DiTAttention)]
+        if unet:
+            convs = max(m.out_channels for m in estimator.modules() if isinstance(m, nn.Conv1d))
+            self.copies, self.kind = max(unet) + UNET_ROW_COPIES, "unet"
+            self.per_frame = UNET_INPUT_COPIES * estimator.in_channels + UNET_CHANNEL_COPIES * convs
+        elif dit:
+            self.copies, self.kind, self.per_frame = DIT_COPIES, "dit", DIT_WIDTHS * _widest(estimator)
+        else:
+            raise TypeError(f"no known attention in the flow estimator {type(estimator).__name__}")
+
+    def encoder(self, tokens: int, frames: int) -> float:
+        """Bytes the encoder needs (0 without one): its widest attention site."""
+        sizes = {"tokens": tokens, "frames": frames}
+        return max((FLOAT * heads * (RELPOS_SQUARE * sizes[rate] ** 2 + RELPOS_LINEAR * sizes[rate])
+                    for rate, heads in self.encoder_sites), default=0.0)
+
+    def decoder(self, frames: int) -> float:
+        """Bytes the estimator needs on `frames` (both CFG rows)."""
+        fixed = UNET_FIXED_BYTES if self.kind == "unet" else 0
+        return FLOAT * CFG_ROWS * (self.copies * frames ** 2 + self.per_frame * frames) + fixed
+
+    def __call__(self, tokens: int, frames: int) -> int:
+        """Bytes for one flow call."""
+        return int(max(self.encoder(tokens, frames), self.decoder(frames)) + FIXED_BYTES)
 
 
-def segment_frames(text_tokens: int) -> int:
-    """Mel frames a segment of `text_tokens` makes with the longest prompt the LM bound allows."""
-    return MEL_FRAMES_PER_TOKEN * FLOW_TOKENS_PER_TEXT_TOKEN * text_tokens + PROMPT_MEL_FRAMES
+# ---- the vocoder ----------------------------------------------------------------------------------
+
+class HiftMemory:
+    """The vocoder's call figure over `frames` mel frames."""
+
+    def __init__(self, samples_per_frame: int):
+        self.samples_per_frame = samples_per_frame
+
+    def __call__(self, frames: int) -> int:
+        """Bytes for one vocoder call."""
+        return int(HIFT_BYTES_PER_SAMPLE * self.samples_per_frame * frames + HIFT_FIXED_BYTES)
 
 
-def frames_stage_memory(module: nn.Module, sample_rate: int) -> Callable[[SynthesisRequest | None], int]:
-    """A frames stage's formula over the longest segment's frames (see frames_working_bytes)."""
-    width = _widest(module)
-    heads, copies = _attention(module)
+# ---- what a request is admitted with --------------------------------------------------------------
 
-    def memory(request: SynthesisRequest | None) -> int:
-        return frames_working_bytes(width, heads, copies, segment_frames(request_text_tokens(request)))
-    return memory
+SegmentTokens = Callable[[str], Sequence[int]]  # text -> text tokens of each of its segments
+
+
+def admission(lm: LmMemory, flow: FlowMemory, hift: HiftMemory, segment_tokens: SegmentTokens,
+              version: int, mel_frames: Callable[[int], int]) -> dict[str, Callable[[SynthesisRequest | None], int]]:
+    """The stages' `memory(request)`: the LM's bound, and the least its flow and vocoder calls need."""
+
+    def tokens(request: SynthesisRequest | None) -> int:
+        """Text tokens of the request's longest segment (0 when they cannot be known yet)."""
+        if request is None or not isinstance(request.text, str):
+            return 0
+        try:
+            return max(segment_tokens(request.text), default=0)
+        except Exception:  # the request fails on its text when it runs; admission is not where to say so
+            return 0
+
+    def least_speech(request: SynthesisRequest | None) -> int:
+        return 0 if version == 3 else MIN_TOKEN_TEXT_RATIO * tokens(request)
+
+    bound_tokens = 100  # a request of unknown text (streamed, or the planning figure): upstream's segment size
+
+    def llm(request: SynthesisRequest | None) -> int:
+        text = tokens(request) or bound_tokens
+        return lm.bound(text)
+
+    def flow_least(request: SynthesisRequest | None) -> int:
+        speech = least_speech(request)
+        return flow(speech, mel_frames(speech))
+
+    def hift_least(request: SynthesisRequest | None) -> int:
+        return hift(mel_frames(least_speech(request)))
+
+    return {"llm": llm, "flow": flow_least, "hift": hift_least}

@@ -98,10 +98,12 @@ class Synthesizer:
                  use: StageGate, precision: str = "fp32", lm_options: dict[str, Any] | None = None,
                  token_filter: Callable[[Iterable[int]], Iterator[int]] | None = None,
                  on_tokens: Callable[[list[int]], None] | None = None, batcher: Any | None = None,
-                 lease: Any | None = None):
+                 lease: Any | None = None, room: Callable[..., contextlib.AbstractContextManager] | None = None):
         self.schedule = schedule
         self.lm, self.flow, self.hift = lm, flow, hift
         self.use = use  # the model's stage gate: `with use("flow") as device:`
+        # the model's call reservations: `with room("flow", lease, tokens=..., frames=...):` (Model.room)
+        self.room = room if room is not None else (lambda *args, **sizes: contextlib.nullcontext())
         self.precision = precision
         self.lm_options = dict(lm_options or {})  # generate()'s cache, CUDA-graph and length options
         self.mel_bins = flow.output_size
@@ -170,8 +172,21 @@ class Synthesizer:
 
     def mel(self, token: torch.Tensor, inputs: dict[str, Any], *, streaming: bool, finalize: bool, cache: Any,
             generator: torch.Generator | None) -> tuple[torch.Tensor, Any]:
-        """The flow on `token` (1, N) with the input's voice prompt; the mel stays on the flow's device."""
-        return self._on_compute_thread(lambda: self._mel(token, inputs, streaming, finalize, cache, generator))
+        """The flow on `token` (1, N) with the input's voice prompt; the mel stays on the flow's device.
+
+        Its working memory is reserved first, in this thread, for the call's sizes (flow_call_sizes).
+        """
+        with self.room("flow", self.lease, **self.flow_call_sizes(token.shape[1], inputs)):
+            return self._on_compute_thread(lambda: self._mel(token, inputs, streaming, finalize, cache, generator))
+
+    def flow_call_sizes(self, tokens: int, inputs: dict[str, Any]) -> dict[str, int]:
+        """The flow call's sizes: tokens into its encoder (prompt and speech) and mel frames its decoder runs on."""
+        prompt = inputs["flow_prompt_speech_token"].shape[1]
+        if self.schedule.version == 1:  # the length regulator maps tokens to the mel rate after the prompt's frames
+            frames = inputs["prompt_speech_feat"].shape[1] + self.flow.mel_frames(tokens)
+        else:
+            frames = self.schedule.token_mel_ratio * (prompt + tokens)
+        return {"tokens": prompt + tokens, "frames": frames}
 
     def _mel(self, token: torch.Tensor, inputs: dict[str, Any], streaming: bool, finalize: bool, cache: Any,
              generator: torch.Generator | None) -> tuple[torch.Tensor, Any]:
@@ -184,8 +199,9 @@ class Synthesizer:
 
     def speech(self, mel: torch.Tensor, *, cache_source: torch.Tensor | None, finalize: bool,
                generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The vocoder on `mel`; speech and source stay on the vocoder's device."""
-        return self._on_compute_thread(lambda: self._speech(mel, cache_source, finalize, generator))
+        """The vocoder on `mel`; speech and source stay on the vocoder's device (its room reserved first)."""
+        with self.room("hift", self.lease, frames=mel.shape[2]):
+            return self._on_compute_thread(lambda: self._speech(mel, cache_source, finalize, generator))
 
     def _speech(self, mel: torch.Tensor, cache_source: torch.Tensor | None, finalize: bool,
                 generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:

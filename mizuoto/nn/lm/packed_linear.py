@@ -19,13 +19,11 @@ a multiple of BLOCK).
 
 from __future__ import annotations
 
-import ctypes
-import functools
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from mizuoto.nn.host_memory import return_freed_memory
 
 BLOCK = 32  # output columns per block; at 8 rows, blocks of 8 / 16 / 32 / 64 / 128 took 97 / 68 / 63 / 86 / 90 ms
 
@@ -62,20 +60,10 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, block={BLOCK}"
 
 
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    try:
-        return ctypes.CDLL(None).malloc_trim  # glibc's; the process's own symbols, no library search
-    except (AttributeError, OSError):  # another C library: nothing to give back this way
-        return None
-
-
 def _return_freed_memory() -> None:
     # glibc keeps freed heap pages mapped: without this, the dense weights freed while packing
     # stay in the process's memory beside their blocks (measured: +0.55 GiB for Qwen2-0.5B)
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
+    return_freed_memory()
 
 
 def pack_linears(module: nn.Module) -> int:

@@ -160,11 +160,13 @@ def test_random_needs_the_assets(tmp_path):
 
 
 @pytest.mark.parametrize("model_dir", OLD_DIRS, ids=[p.parent.name for p in OLD_DIRS])
-def test_cosyvoice1_is_a_clear_error(capsys, tmp_path, model_dir):
+def test_cosyvoice1_is_benched_too(capsys, tmp_path, model_dir):
+    """Its wenet LM speaks exactly the tokens asked for (stop suppressed), as the Qwen2 LMs do."""
     dest = assemble_model_dir(model_dir, tmp_path / "model")
-    assert cli.main(["bench", "-m", str(dest), "--device", "cpu"]) == 1
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "not a CosyVoice 2/3 model" in err[0]
+    assert cli.main(["bench", "-m", str(dest), "--device", "cpu", "--tokens", "12", "--runs", "1",
+                     "--warmup", "0", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["model"].startswith("cosyvoice1") and result["lm_ms_per_token"] > 0 and result["audio_seconds"] > 0
 
 
 def test_bench_is_a_registered_command():

@@ -1,111 +1,88 @@
-"""The working memory each CosyVoice stage declares, against numbers computed by hand.
+"""The working memory each CosyVoice stage declares: its call figures and what a request is admitted with.
 
-LM: upstream's cap (a 300-position prompt, then 20 speech tokens per text token) times the
-bytes one position holds, + 512 MiB. Qwen2 (v2/v3) keeps K and V at the real KV width in every
-layer, and attention repeats one layer's K and V to the query-head width; the v1 TransformerLM
-keeps K and V at its output size in every block.
+The LM is admitted on its bound: its KV cache at upstream's cap (a 300-position prompt, then the
+segment's text and 20 speech tokens per text token), counted with the model's own tokenizer. The
+flow and the vocoder are admitted with what upstream's LM certainly makes them run on (2 speech
+tokens per text token; nothing on CosyVoice 3, which drops silent runs after its LM) and reserve
+each call's own figure when it runs (test_memory_calls.py measures those figures).
 """
 
 from __future__ import annotations
 
 import json
 
-from torch import nn
-
-from mizuoto.engines.cosyvoice.memory import (ACTIVATION_FACTOR, ATTENTION_COPIES, FLOW_TOKENS_PER_TEXT_TOKEN,
-                                              MEL_FRAMES_PER_TOKEN, SEGMENT_TEXT_TOKENS,
-                                              qwen_lm_working_bytes, transformer_lm_working_bytes)
+from mizuoto.engines.cosyvoice.memory import FIXED_BYTES, HIFT_FIXED_BYTES, FlowMemory, HiftMemory
 from mizuoto.runtime.engine import Reference, SynthesisRequest
 from mizuoto.runtime.hyperyaml import load_hyperyaml
-from mizuoto.nn.lm.qwen import QwenConfig
 from mizuoto.testing.fixtures import asset_path
 
-MiB = 1024 ** 2
 F32 = 4
 
 
-def _hand_lm_bytes(variant_dir, text_tokens: int) -> int:
-    """The LM formula written out from the directory's own files."""
-    positions = 300 + 20 * text_tokens
+def _kv_bytes_per_position(variant_dir) -> int:
+    """K and V of every layer for one position, from the directory's own files."""
     yaml = load_hyperyaml(next(variant_dir.glob("cosyvoice*.yaml")))
     if yaml["llm"].cls == "TransformerLM":
         llm = yaml["llm"]["llm"].kwargs
-        per_position = int(llm["num_blocks"]) * 2 * int(llm["output_size"])
-    else:
-        cfg = json.loads((variant_dir / "CosyVoice-BlankEN" / "config.json").read_text())
-        head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]
-        per_position = (cfg["num_hidden_layers"] * 2 * cfg["num_key_value_heads"] * head_dim
-                        + 2 * cfg["num_attention_heads"] * head_dim)
-    return positions * per_position * F32 + 512 * MiB
+        return int(llm["num_blocks"]) * 2 * int(llm["output_size"]) * F32
+    cfg = json.loads((variant_dir / "CosyVoice-BlankEN" / "config.json").read_text())
+    head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]
+    return cfg["num_hidden_layers"] * 2 * cfg["num_key_value_heads"] * head_dim * F32
 
 
-def _widest(module: nn.Module) -> int:
-    widths = [m.out_channels for m in module.modules() if isinstance(m, (nn.Conv1d, nn.ConvTranspose1d))]
-    return max(widths + [m.out_features for m in module.modules() if isinstance(m, nn.Linear)], default=1)
-
-
-def test_fixture_stages_declare_the_formulas(runtime, variant_dir, clip):
+def test_the_lm_is_admitted_on_its_bound_counted_with_the_models_tokenizer(runtime, variant_dir, clip):
     rt, names = runtime
-    stages = {s.name: s for s in rt.model(names[variant_dir]).stages}
-    assert set(stages) == {"frontend", "llm", "flow", "hift"}
-    assert stages["frontend"].working_memory(None) == 0
+    model = rt.model(names[variant_dir])
+    llm = model.stage("llm")
     text = "Hello world, a test."
+    tokens = max(model._segment_tokens(text))
+    assert 0 < tokens < len(text)  # tokens, not characters
+    per_position = _kv_bytes_per_position(variant_dir)
     request = SynthesisRequest(text, voice=Reference(str(clip)))
-    # the planning bound: a segment of 100 text tokens; a request: its characters bound its tokens
-    assert stages["llm"].working_memory(None) == _hand_lm_bytes(variant_dir, SEGMENT_TEXT_TOKENS)
-    assert stages["llm"].working_memory(request) == _hand_lm_bytes(variant_dir, len(text))
-    for name in ("flow", "hift"):
-        width = max(_widest(m) for m in stages[name].modules.values())
-        heads, copies = max(((m.heads, c) for mod in stages[name].modules.values() for m in mod.modules()
-                             for k, c in ATTENTION_COPIES.items() if f"{type(m).__module__}.{type(m).__qualname__}" == k),
-                            key=lambda hc: hc[0] * hc[1], default=(0, 0))
-        assert (heads > 0) == (name == "flow")  # the flow attends over its frames; HiFT does not
-        frames = MEL_FRAMES_PER_TOKEN * FLOW_TOKENS_PER_TEXT_TOKEN * SEGMENT_TEXT_TOKENS + 2 * 300
-        want = 2 * width * frames * F32 * ACTIVATION_FACTOR + 2 * heads * copies * frames * frames * F32
-        assert stages[name].working_memory(None) == want
-        assert stages[name].working_memory(request) < stages[name].working_memory(None)
-    # an unpunctuated text is one segment: the flow's figure grows with the square of its length
-    one = SynthesisRequest("a" * 400, voice=Reference(str(clip)))
-    two = SynthesisRequest("a" * 800, voice=Reference(str(clip)))
-    assert stages["flow"].working_memory(two) > 3 * stages["flow"].working_memory(one)
-    punctuated = SynthesisRequest("Hello there. " * 60, voice=Reference(str(clip)))
-    assert stages["flow"].working_memory(punctuated) < stages["flow"].working_memory(one)
+    assert llm.working_memory(request) == llm.call_working(positions=300 + 21 * tokens)
+    # the cache is the figure's largest part, at every length: held once, and while it grows once
+    # more (one layer's for Qwen2's cache, grown by concatenation; all of it twice more for v1's
+    # wenet cache, which each step rebuilds per block and stacks)
+    copies = 2 if model.variant.version > 1 else 3
+    for positions in (100, 1000, 10000):
+        figure = llm.call_working(positions=positions)
+        assert per_position * positions < figure - FIXED_BYTES < copies * per_position * positions + (1 << 20)
+    assert llm.call_working(positions=1000, rows=8) > 7 * (llm.call_working(positions=1000) - FIXED_BYTES)
 
 
-def test_released_cosyvoice2_and_3_lm():
-    """CosyVoice2-0.5B / Fun-CosyVoice3-0.5B: Qwen2 0.5B, 24 layers, 14 heads of 64, 2 KV heads."""
-    cfg = QwenConfig.from_json(asset_path("cosyvoice", "CosyVoice-BlankEN", "config.json"))
-    assert (cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) == (24, 14, 2, 64)
-    # per position: 24 layers x (K, V) x 2 KV heads x 64 = 6144 floats, + one layer repeated to
-    # 14 heads: 2 x 14 x 64 = 1792 floats; 7936 floats = 31744 bytes
-    assert qwen_lm_working_bytes(cfg, 100) == 2300 * 31744 + 536870912 == 609882112
-    assert qwen_lm_working_bytes(cfg, 10) == 500 * 31744 + 536870912 == 552742912
-    assert qwen_lm_working_bytes(cfg, 100, dtype_bytes=2) == 2300 * 15872 + 536870912
-    for folder, yaml_name, cls in (("CosyVoice2-0.5B", "cosyvoice2.yaml", "Qwen2LM"),
-                                   ("Fun-CosyVoice3-0.5B-2512", "cosyvoice3.yaml", "CosyVoice3LM")):
-        assert load_hyperyaml(asset_path("cosyvoice", folder, yaml_name))["llm"].cls == cls
-
-
-def test_released_cosyvoice1_lm():
-    """CosyVoice-300M: TransformerLM over 14 blocks of width 1024."""
-    llm = load_hyperyaml(asset_path("cosyvoice", "CosyVoice-300M", "cosyvoice.yaml"))["llm"]["llm"].kwargs
-    assert (int(llm["num_blocks"]), int(llm["output_size"])) == (14, 1024)
-    # per position: 14 blocks x (K, V) x 1024 = 28672 floats = 114688 bytes
-    assert transformer_lm_working_bytes(14, 1024, 100) == 2300 * 114688 + 536870912 == 800653312
-    assert transformer_lm_working_bytes(14, 1024, 1) == 320 * 114688 + 536870912
-
-
-def test_static_cache_fits_the_declared_bound(runtime, qwen_lm_dir):
-    """A static KV cache allocated for the planning bound is no larger than what the LM declares.
-
-    Qwen2 LMs only: v1's wenet LM has no static cache (it grows its own), so it is not parametrized.
-    """
+def test_the_flow_and_vocoder_are_admitted_with_what_the_lm_certainly_makes(runtime, variant_dir, clip):
     rt, names = runtime
-    model = rt.model(names[qwen_lm_dir])
-    lm = model.llm
-    positions = 300 + 20 * SEGMENT_TEXT_TOKENS
-    cache = lm.llm.new_cache("static", positions)
-    layers, batch, kv_heads, max_len, head_dim = cache.shape
-    assert max_len == positions and kv_heads == lm.llm.config.num_key_value_heads
-    held = 2 * layers * batch * kv_heads * max_len * head_dim * F32  # K and V buffers
-    assert held <= model.stage("llm").working_memory(None) - 512 * MiB
+    model = rt.model(names[variant_dir])
+    flow, hift = model.stage("flow"), model.stage("hift")
+    request = SynthesisRequest("a b c " * 40, voice=Reference(str(clip)))
+    least = 0 if model.variant.version == 3 else 2 * max(model._segment_tokens(request.text))
+    frames = model.schedule_mel_frames(least)
+    assert flow.working_memory(request) == flow.call_working(tokens=least, frames=frames)
+    assert hift.working_memory(request) == hift.call_working(frames=frames)
+    # the planning figure (no request) is the least of any request: nothing certain
+    assert flow.working_memory(None) == flow.call_working(tokens=0, frames=0) < 8 << 20
+    longer = SynthesisRequest("a b c " * 80, voice=Reference(str(clip)))
+    assert (flow.working_memory(longer) > flow.working_memory(request)) == (model.variant.version < 3)
+
+
+def test_a_flow_call_grows_with_the_square_of_its_frames_and_a_vocoder_call_with_its_samples(runtime, variant_dir):
+    rt, names = runtime
+    model = rt.model(names[variant_dir])
+    flow, hift = model.stage("flow"), model.stage("hift")
+    one, two = flow.call_working(tokens=500, frames=1000), flow.call_working(tokens=1000, frames=2000)
+    assert 2 * (one - FIXED_BYTES) < two - FIXED_BYTES <= 4 * (one - FIXED_BYTES)  # more than linear
+    per_frame = (hift.call_working(frames=2000) - hift.call_working(frames=1000)) / 1000
+    assert per_frame == (hift.call_working(frames=1000) - HIFT_FIXED_BYTES) / 1000 > 0
+    assert per_frame == HiftMemory(model.hift.upsample_scale)(1) - HIFT_FIXED_BYTES
+
+
+def test_the_released_models_flow_attention():
+    """The flow figures read their sizes from the modules: the released CosyVoice 2 flow's encoder
+    attends with 8 heads before and after its upsampling, its U-Net with 8 heads."""
+    from mizuoto.engines.cosyvoice.flow import build_flow
+    from mizuoto.engines.cosyvoice.variants import find_variant, load_config
+
+    folder = asset_path("cosyvoice", "CosyVoice2-0.5B", "cosyvoice2.yaml").parent
+    figure = FlowMemory(build_flow(load_config(folder, find_variant(folder))))
+    assert figure.encoder_sites == [("tokens", 8), ("frames", 8)] and figure.kind == "unet"
+

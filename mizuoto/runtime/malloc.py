@@ -1,4 +1,4 @@
-"""The host allocator of a long-running server: memory freed after a request goes back to the system."""
+"""The host allocator: memory freed after a request goes back to the system, so resident memory follows the plans."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import ctypes
 import ctypes.util
 import logging
 
-log = logging.getLogger("mizuoto.server")
+log = logging.getLogger("mizuoto.runtime")
 
 # glibc's mallopt parameter numbers
 M_MMAP_THRESHOLD = -3

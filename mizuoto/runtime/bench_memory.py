@@ -1,0 +1,124 @@
+"""`mizuoto bench --memory`: each stage call's planned working memory against the peak it was measured at.
+
+A case is one request of a length (seconds of audio), whole or streamed, with its LM decoding
+`rows` requests at once. It runs in a fresh process (`run_case_process`), so no other case's heap
+or thread pools are in its figures, with the allocator settings the server uses
+(runtime.malloc). There the engine's bench driver runs the request (`BenchDriver.memory_case`)
+and every call it makes inside `Model.room(stage, **sizes)` is measured (runtime.memprobe): the
+planned figure is the stage's `call_memory(**sizes)`, the measured one the peak the call added.
+One warm-up request first pays the one-time allocations (thread pools, kernel workspaces).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from mizuoto.errors import InvalidRequest, MizuotoError
+from mizuoto.runtime.malloc import tune_malloc
+from mizuoto.runtime.memory import format_bytes
+from mizuoto.runtime.memprobe import measure_peak
+
+SECONDS = (1, 5, 15, 30, 60)  # the lengths that matter (the issue's calibration set)
+WARMUP_SECONDS = 1
+
+
+@dataclass(frozen=True)
+class MemoryCase:
+    """One request: `seconds` of audio, whole or streamed, its LM decoding `rows` requests at once."""
+
+    seconds: float
+    stream: bool = False
+    rows: int = 1
+
+    def __post_init__(self) -> None:
+        if self.seconds <= 0 or self.rows < 1:
+            raise InvalidRequest(f"bench --memory: a case needs seconds > 0 and rows >= 1, got {self}")
+
+    @property
+    def label(self) -> str:
+        """E.g. "15 s streamed" or "5 s whole x8"."""
+        return f"{self.seconds:g} s {'streamed' if self.stream else 'whole'}" + (f" x{self.rows}" if self.rows > 1 else "")
+
+
+class CallRecorder:
+    """The model's call reservations (`Model.bind(room=...)`) while a case runs: each call measured."""
+
+    def __init__(self, device: Any):
+        self.device = device
+        self.calls: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def __call__(self, stage: str, lease: Any, working: int, sizes: dict[str, int]) -> Iterator[None]:
+        with self._lock, measure_peak(self.device) as peak:  # one call at a time: the probe sees the process
+            yield
+        self.calls.append({"stage": stage, "sizes": dict(sizes), "planned": int(working), "measured": peak[0]})
+
+
+def run_case(driver: Any, case: MemoryCase) -> list[dict[str, Any]]:
+    """Run `case` through the driver in this process; the measured calls (after a warm-up request)."""
+    for need in ("model", "tokens_per_second", "memory_case"):
+        if not hasattr(driver, need):
+            raise InvalidRequest(f"bench --memory: the driver of {driver.name} has no {need!r}")
+    recorder = CallRecorder(driver.device)
+    driver.model.bind(None, recorder)
+    try:
+        driver.memory_case(max(1, round(WARMUP_SECONDS * driver.tokens_per_second)), case.stream, case.rows)
+        recorder.calls.clear()
+        driver.memory_case(max(1, round(case.seconds * driver.tokens_per_second)), case.stream, case.rows)
+    finally:
+        driver.model.bind(None)
+    return [{**call, **asdict(case)} for call in recorder.calls]
+
+
+def run_case_process(spec: dict[str, Any], timeout: float | None = None) -> list[dict[str, Any]]:
+    """Run one case in a fresh Python process (`python -m mizuoto.cli.memory_case SPEC`); its calls."""
+    proc = subprocess.run([sys.executable, "-m", "mizuoto.cli.memory_case", json.dumps(spec)], capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise MizuotoError(f"bench --memory: the case {spec.get('case')} failed: {tail}")
+    return json.loads(lines[-1])["calls"]
+
+
+def case_process_main(driver_factory: Any, spec: dict[str, Any]) -> int:
+    """The fresh process's side: tune the allocator as the server does, build the driver, run, print JSON."""
+    tune_malloc(1 << 20, 2)  # the server's settings (ServerConfig.mmap_threshold, malloc_arenas)
+    driver = driver_factory()
+    calls = run_case(driver, MemoryCase(**spec["case"]))
+    print(json.dumps({"driver": driver.name, "calls": calls}))
+    return 0
+
+
+def summarize(calls: Sequence[dict[str, Any]], ratio: float = 1.3) -> list[dict[str, Any]]:
+    """Per (case, stage): calls, the largest planned and measured figures, and the ratios' range."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for c in calls:
+        groups.setdefault((c["seconds"], c["stream"], c["rows"], c["stage"]), []).append(c)
+    rows = []
+    for (seconds, stream, n, stage), cs in groups.items():
+        ratios = [c["planned"] / c["measured"] if c["measured"] else float("inf") for c in cs]
+        rows.append({"case": MemoryCase(seconds, stream, n).label, "stage": stage, "calls": len(cs),
+                     "planned": max(c["planned"] for c in cs), "measured": max(c["measured"] for c in cs),
+                     "ratio_min": min(ratios), "ratio_max": max(ratios),
+                     "within": all(1.0 <= r <= ratio for r in ratios)})
+    return rows
+
+
+def format_memory(rows: Sequence[dict[str, Any]], title: str) -> str:
+    """The calibration table: per case and stage, planned vs measured and the ratio's range."""
+    lines = [title, f"  {'case':<18} {'stage':<8} {'calls':>5} {'planned':>12} {'measured':>12}  planned/measured"]
+    for r in rows:
+        mark = "" if r["within"] else "  (outside 1.0-1.3)"
+        lines.append(f"  {r['case']:<18} {r['stage']:<8} {r['calls']:>5} {format_bytes(r['planned']):>12}"
+                     f" {format_bytes(r['measured']):>12}  {r['ratio_min']:.2f}-{r['ratio_max']:.2f}{mark}")
+    return "\n".join(lines)

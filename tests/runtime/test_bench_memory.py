@@ -1,0 +1,109 @@
+"""`mizuoto bench --memory`: every reserved stage call measured against its planned figure, a fresh process per case.
+
+The driver here runs the tone engine (mizuoto.testing.toy), whose render calls reserve 4 bytes per
+sample of their notes and really allocate them (float64 waves, then float32).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from mizuoto.cli.main import main as cli_main
+from mizuoto.errors import InvalidRequest, MizuotoError
+from mizuoto.runtime.bench_memory import MemoryCase, format_memory, run_case, run_case_process, summarize
+from mizuoto.runtime.engine import SynthesisRequest
+from mizuoto.runtime.memprobe import measure_peak
+from mizuoto.testing.toy import NOTE_SECONDS, ToneEngine, write_model
+
+
+class ToneMemoryDriver:
+    """The tone model's requests: one note per character, render calls reserved through Model.room."""
+
+    name = "tone (memory)"
+    tokens_per_second = 1 / NOTE_SECONDS
+
+    def __init__(self, model_dir, random, options, settings, workdir):
+        self.device = torch.device(options.device)
+        self.model = ToneEngine().load(Path(model_dir), options)
+
+    def memory_case(self, tokens: int, stream: bool, rows: int) -> None:
+        for _ in range(rows):
+            list(self.model.synthesize(SynthesisRequest("a" * tokens, voice="low", seed=0, stream=stream)))
+
+
+def _driver(tmp_path):
+    from mizuoto.runtime.options import LoadOptions
+
+    return ToneMemoryDriver(write_model(tmp_path / "tone", sample_rate=48000), None,
+                            LoadOptions(device="cpu"), None, tmp_path)
+
+
+def test_the_probe_sees_what_a_block_allocates():
+    with measure_peak("cpu") as peak:
+        x = torch.ones(64 << 20, dtype=torch.uint8)  # 64 MiB, touched
+        del x
+    assert 0.95 * (64 << 20) <= peak[0] < (80 << 20)  # give or take what the process freed meanwhile
+    with measure_peak("cpu") as peak:
+        pass
+    assert peak[0] < (4 << 20)
+
+
+def test_each_reserved_call_is_recorded_with_its_sizes_plan_and_peak(tmp_path):
+    driver = _driver(tmp_path)
+    calls = run_case(driver, MemoryCase(60, stream=False))
+    assert [c["stage"] for c in calls] == ["render"]  # one render call: a whole request
+    (call,) = calls
+    samples = int(NOTE_SECONDS * 48000)
+    assert call["sizes"] == {"notes": 1000, "samples": samples} and call["planned"] == 4 * 1000 * samples
+    assert call["planned"] <= call["measured"]  # its float64 waves: twice what it declares
+    assert (call["seconds"], call["stream"], call["rows"]) == (60, False, 1)
+    streamed = run_case(driver, MemoryCase(1, stream=True))
+    assert len(streamed) > 1 and {c["sizes"]["notes"] for c in streamed} <= {1, 2, 3, 4}
+    assert driver.model._room is None  # unbound after the case
+
+
+def test_a_driver_without_the_memory_api_is_refused(tmp_path):
+    class Old:
+        name = "old"
+        device = torch.device("cpu")
+    with pytest.raises(InvalidRequest, match="has no 'model'"):
+        run_case(Old(), MemoryCase(1))
+
+
+def test_the_summary_names_the_calls_outside_the_band():
+    calls = [{"stage": "flow", "seconds": 5, "stream": False, "rows": 1, "planned": 130, "measured": 100},
+             {"stage": "flow", "seconds": 5, "stream": False, "rows": 1, "planned": 90, "measured": 100},
+             {"stage": "hift", "seconds": 5, "stream": True, "rows": 1, "planned": 110, "measured": 100}]
+    rows = summarize(calls)
+    assert [(r["case"], r["stage"], r["calls"], r["within"]) for r in rows] == [
+        ("5 s whole", "flow", 2, False), ("5 s streamed", "hift", 1, True)]
+    assert rows[0]["ratio_min"] == 0.9 and rows[0]["ratio_max"] == 1.3
+    text = format_memory(rows, "title")
+    assert text.splitlines()[0] == "title" and "0.90-1.30  (outside 1.0-1.3)" in text
+
+
+def test_a_case_runs_in_a_fresh_process_and_a_failing_one_says_why(tmp_path):
+    model_dir = write_model(tmp_path / "tone")
+    spec = {"model_dir": str(model_dir), "workdir": str(tmp_path), "options": {"device": "cpu"},
+            "driver": f"{__file__}:ToneMemoryDriver", "case": {"seconds": 2, "stream": True, "rows": 1}}
+    calls = run_case_process(spec, timeout=120)
+    assert calls and all(c["stage"] == "render" and c["stream"] for c in calls)
+    with pytest.raises(MizuotoError, match="failed: .*seconds > 0"):
+        run_case_process({**spec, "case": {"seconds": -1, "stream": False, "rows": 1}}, timeout=120)
+
+
+def test_the_command_prints_the_table_and_json(tmp_path, capsys):
+    model_dir = write_model(tmp_path / "tone")
+    argv = ["bench", str(model_dir), "--driver", f"{__file__}:ToneMemoryDriver", "--memory", "1,2",
+            "--memory-rows", "1", "--memory-modes", "whole", "--device", "cpu"]
+    assert cli_main(argv) == 0
+    out = capsys.readouterr().out
+    assert "planned vs measured working memory per stage call" in out
+    assert "1 s whole" in out and "2 s whole" in out and "streamed" not in out
+    assert cli_main([*argv, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert {c["seconds"] for c in result["calls"]} == {1, 2} and result["summary"]

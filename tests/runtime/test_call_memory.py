@@ -1,0 +1,137 @@
+"""A stage call's own working memory (Stage.call_memory, Model.room): reserved when its inputs are known.
+
+A request is admitted with the least it needs; each call that needs more reserves it first, through
+the same admission (evicting idle models, waiting for room others hold), and gives it back after.
+"""
+
+import threading
+from dataclasses import replace
+
+import pytest
+
+from mizuoto.errors import InvalidRequest, MemoryBudgetError, RequestCancelled, RequestTooLarge
+from mizuoto.runtime.api import Runtime
+from mizuoto.runtime.engine import Stage, SynthesisRequest
+from mizuoto.runtime.lease import Lease
+from mizuoto.runtime.memory import plan_model
+from mizuoto.runtime.options import LoadOptions
+from mizuoto.runtime.scheduler import Scheduler
+from mizuoto.testing.toy import NOTE_SECONDS, ToneEngine, write_model
+from mizuoto.testing.waits import cancel_during
+
+LONG = SynthesisRequest("ab" * 1500, voice="low", seed=0)  # one render call of 3000 notes
+SHORT = SynthesisRequest("ab", voice="low", seed=0)
+
+
+def _figures(rt, name, request):
+    """(admitted peak, peak during the request's one render call)."""
+    plan = rt._plan_for(rt._get(name), request)
+    samples = int(NOTE_SECONDS * 16000 / request.speed)
+    notes = sum(not c.isspace() for c in request.text)
+    working = rt.model(name).stage("render").call_working(notes=notes, samples=samples)
+    stages = [replace(s, working=working) if s.name == "render" else s for s in plan.stages]
+    return plan.peak, plan_model(name, stages, plan.budget, plan.device, plan.stream).peak
+
+
+def test_a_stage_declares_its_calls_memory_and_a_bad_figure_is_refused():
+    stage = Stage("render", "frames", {}, call_memory=lambda notes: 4 * notes)
+    assert stage.call_working(notes=3) == 12
+    with pytest.raises(InvalidRequest, match="declares no per-call working memory"):
+        Stage("render", "frames", {}).call_working(notes=3)
+    with pytest.raises(InvalidRequest, match="non-negative int"):
+        Stage("render", "frames", {}, call_memory=lambda notes: -1).call_working(notes=3)
+
+
+def test_a_request_is_admitted_with_the_least_it_needs_and_its_call_reserves_the_rest(tone_dir):
+    with Runtime(engines=[ToneEngine], plugins=False) as rt:
+        name = rt.load(tone_dir)
+        admitted, during = _figures(rt, name, LONG)
+        assert during > admitted == rt._plan_for(rt._get(name), SHORT).peak
+        seen = []
+        gate = rt._get(name).scheduler._gate
+
+        def watching(stage, lease=None):  # what the pool holds for the model while each call runs
+            seen.append((stage, rt._pool("cpu").used()[0]))
+            return gate(stage, lease)
+        rt._get(name).scheduler._gate = watching
+        list(rt.synthesize(name, LONG))
+        assert ("render", during) in seen and ("notes", admitted) in seen
+        assert rt._pool("cpu").used()[0] == admitted  # given back after the call
+
+
+def test_a_call_evicts_an_idle_model_to_make_its_room(tone_dir, tmp_path):
+    with Runtime(engines=[ToneEngine], plugins=False) as probe:
+        admitted, during = _figures(probe, probe.load(tone_dir), LONG)
+    assert during > admitted + admitted // 2
+    with Runtime(ram=during + admitted // 2, engines=[ToneEngine], plugins=False) as rt:
+        x = rt.load(tone_dir, name="x")
+        y = rt.load(write_model(tmp_path / "other"), name="y")
+        assert {m.name for m in rt.models()} == {"x", "y"}  # both admitted: two short plans fit
+        assert list(rt.synthesize(x, LONG))
+        assert rt.evictions == 1 and [m.name for m in rt.models()] == ["x"]
+
+
+def test_a_call_the_budget_can_never_hold_fails_that_request_with_the_figures(tone_dir):
+    model = ToneEngine().load(tone_dir, LoadOptions(device="cpu"))
+    call = model.stage("render").call_working(notes=3000, samples=960)  # beyond the budget by itself
+    with Runtime(ram=call - 1, engines=[ToneEngine], plugins=False) as rt:
+        name = rt.load(tone_dir)
+        chunks = rt.synthesize(name, LONG)  # admitted: it may speak fewer notes than its text has
+        with pytest.raises(RequestTooLarge, match=r"refused at its render call \(notes 3000, samples 960\):"
+                                                  r" model tone does not fit"):
+            next(chunks)
+        assert rt.pins(name) == 0 and rt._pool("cpu").used()[0] == rt.plan(name).peak
+        assert list(rt.synthesize(name, SHORT))  # the model serves the next request
+
+
+def _holding(sched, lease, reserve, peak, entered, release):
+    with sched.hold(lease, reserve=reserve, peak=peak, budget=10):
+        entered.release()
+        release.wait(10)
+
+
+def test_a_growing_call_waits_for_the_other_requests_room_and_gives_way_when_all_wait(tone_dir):
+    """Width 2, budget 10: A (reserve 4) grows to 7 beside B's 4: waits until B leaves. When B also
+    waits to grow beside A, neither can make room for the other: the one that would wait gives way."""
+    model = ToneEngine().load(tone_dir, LoadOptions(device="cpu"))
+    model.batch_width = 2
+    sched = Scheduler(model, "cpu")
+    a, b = Lease(5.0), Lease(5.0)
+    entered, releases = threading.Semaphore(0), [threading.Event(), threading.Event()]
+    holders = [threading.Thread(target=_holding, args=(sched, lease, 4, 4, entered, release))
+               for lease, release in zip((a, b), releases)]
+    for t in holders:
+        t.start()
+        assert entered.acquire(timeout=10)
+    grown = threading.Event()
+    grower = threading.Thread(target=lambda: (sched.resize(a, 7, budget=10), grown.set()))
+    grower.start()
+    assert not grown.wait(0.3) and a in sched._growing  # 7 beside 4 > 10
+    with pytest.raises(MemoryBudgetError, match="gives way"):
+        sched.resize(b, 7, budget=10)  # both would wait for the other
+    sched.resize(b, 4)  # back to its admission: nothing changes for A
+    assert not grown.is_set()
+    releases[1].set()  # B leaves (its hold ends): A fits alone
+    holders[1].join(10)
+    assert grown.wait(10) and sched.together() == 7
+    releases[0].set()
+    grower.join(10), holders[0].join(10)
+    assert sched.running == 0 and not sched._growing
+
+
+def test_a_growing_call_ends_with_its_lease(tone_dir):
+    model = ToneEngine().load(tone_dir, LoadOptions(device="cpu"))
+    model.batch_width = 2
+    sched = Scheduler(model, "cpu")
+    a, b = Lease(), Lease()
+    entered, release = threading.Semaphore(0), threading.Event()
+    holders = [threading.Thread(target=_holding, args=(sched, lease, 4, 4, entered, release)) for lease in (a, b)]
+    for t in holders:
+        t.start()
+        assert entered.acquire(timeout=10)
+    error, took = cancel_during(lambda: sched.resize(a, 7, budget=10), a, lambda: a in sched._growing)
+    assert isinstance(error, RequestCancelled) and took < 1.0
+    assert not sched._growing and sched._owners[a] == (4, 4)
+    release.set()
+    for t in holders:
+        t.join(10)
