@@ -49,18 +49,33 @@ class MemoryCase:
 
 
 class CallRecorder:
-    """The model's call reservations (`Model.bind(room=...)`) while a case runs: each call measured."""
+    """The model's call reservations (`Model.bind(room=...)`) while a case runs: each call measured.
+
+    The probe sees the whole process, so one call is measured at a time: a reservation made while
+    another is open (the rows of a batch inside the batch's own) is part of that one, not recorded.
+    """
 
     def __init__(self, device: Any):
         self.device = device
         self.calls: list[dict[str, Any]] = []
         self._lock = threading.Lock()
+        self._open = 0
 
     @contextlib.contextmanager
     def __call__(self, stage: str, lease: Any, working: int, sizes: dict[str, int]) -> Iterator[None]:
-        with self._lock, measure_peak(self.device) as peak:  # one call at a time: the probe sees the process
-            yield
-        self.calls.append({"stage": stage, "sizes": dict(sizes), "planned": int(working), "measured": peak[0]})
+        with self._lock:
+            self._open += 1
+            outer = self._open == 1
+        try:
+            if not outer:
+                yield
+                return
+            with measure_peak(self.device) as peak:
+                yield
+            self.calls.append({"stage": stage, "sizes": dict(sizes), "planned": int(working), "measured": peak[0]})
+        finally:
+            with self._lock:
+                self._open -= 1
 
 
 def run_case(driver: Any, case: MemoryCase) -> list[dict[str, Any]]:

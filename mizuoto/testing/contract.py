@@ -19,6 +19,8 @@ mapping a model dir to `{"pieces": [...], "ref_audio": path, "ref_text": str, "s
 
 from __future__ import annotations
 
+import contextlib
+
 import functools
 import json
 import math
@@ -223,13 +225,20 @@ def test_model_declares_itself(case):
 
 def test_synthesize_every_mode(case):
     """Each declared mode gives one final chunk of finite audio at the model's rate, with every stage
-    taking turns under the scheduler; across the modes every declared stage is entered through use()."""
+    taking turns under the scheduler; across the modes every declared stage is entered through use(),
+    and every stage that declares call_memory reserves its calls through Model.room."""
     rt, name = _loaded(case)
     model = rt.model(name)
     caps = model.capabilities
     sizes = measure(model.stages, None, "cpu")
     turns = Plan(name, "cpu", 0, False, sizes, (), run_groups(sizes, False), 0)
-    sched = Scheduler(model, "cpu")
+    reserved: list[tuple[str, int, dict]] = []
+
+    @contextlib.contextmanager
+    def room(stage, lease, working, call_sizes):
+        reserved.append((stage, working, dict(call_sizes)))
+        yield
+    sched = Scheduler(model, "cpu", room=room)
     sched.apply(turns)
     try:
         for mode in sorted(caps.modes):
@@ -242,6 +251,10 @@ def test_synthesize_every_mode(case):
     entered = {stage for stage, where in sched.trace if where == "device"}
     missing = [s.name for s in model.stages if s.name not in entered]
     assert not missing, f"stages {missing} never entered through Model.use() in any mode"
+    unreserved = [s.name for s in model.stages if s.call_memory is not None and s.name not in {r[0] for r in reserved}]
+    assert not unreserved, f"stages {unreserved} declare call_memory but never reserve a call through Model.room()"
+    for stage, working, call_sizes in reserved:
+        assert working == model.stage(stage).call_working(**call_sizes) >= 0
 
 
 def test_same_seed_same_audio(case):

@@ -26,6 +26,7 @@ import torch
 from mizuoto.engines.cosyvoice.frontend import forget_embeddings
 from mizuoto.engines.cosyvoice.flow import build_flow
 from mizuoto.engines.cosyvoice.hift import build_hift
+from mizuoto.engines.cosyvoice.noise import cosyvoice3_noise
 from mizuoto.engines.cosyvoice.llm import ENDOFPROMPT_ID, QwenSpeechLM, TransformerSpeechLM, build_lm
 from mizuoto.engines.cosyvoice.synthesis import Synthesizer
 from mizuoto.engines.cosyvoice.variants import find_variant, load_config
@@ -34,7 +35,9 @@ from mizuoto.runtime.bench import run_clients
 from mizuoto.runtime.memory import tensor_bytes
 
 BLANK_EN = "CosyVoice-BlankEN"
-RANDOM_KINDS = ("cosyvoice2",)
+# kind -> the released yaml (under the assets' cosyvoice/) whose sizes a random model takes
+RANDOM_KINDS = {"cosyvoice1": ("CosyVoice-300M", "cosyvoice.yaml"), "cosyvoice2": ("CosyVoice2-0.5B", "cosyvoice2.yaml"),
+                "cosyvoice3": ("Fun-CosyVoice3-0.5B-2512", "cosyvoice3.yaml")}
 PROMPT_TOKENS = 75  # a 3-second voice prompt at 25 tokens/s
 _MARKER = "random-weights.json"
 # weight-norm names in upstream's hift.pt (torch's parametrization)
@@ -68,30 +71,42 @@ def _copy(src: Path, dst: Path) -> None:
     shutil.copyfile(src, dst)
 
 
-def build_random_cosyvoice2(dest: str | Path, assets: str | Path | None = None, seed: int = 0) -> Path:
-    """Write a full-size CosyVoice 2 model dir with random weights to `dest` (kept if already there)."""
+def build_random_cosyvoice(kind: str, dest: str | Path, assets: str | Path | None = None, seed: int = 0) -> Path:
+    """Write a full-size CosyVoice model dir of `kind` (RANDOM_KINDS) with random weights to `dest` (kept if there)."""
+    folder, yaml_name = RANDOM_KINDS[kind]
     dest = Path(dest)
     marker = dest / _MARKER
-    if marker.is_file() and json.loads(marker.read_text()).get("seed") == seed:
-        return dest
+    if marker.is_file():
+        made = json.loads(marker.read_text())
+        if made.get("seed") == seed and made.get("kind", "cosyvoice2") == kind:  # older markers: CosyVoice 2
+            return dest
     root = assets_dir(assets) / "cosyvoice"
-    (dest / BLANK_EN).mkdir(parents=True, exist_ok=True)
-    _copy(root / "CosyVoice2-0.5B" / "cosyvoice2.yaml", dest / "cosyvoice2.yaml")
-    for f in (root / BLANK_EN).iterdir():  # Qwen config.json and the tokenizer files
-        if f.is_file():
-            _copy(f, dest / BLANK_EN / f.name)
-    config = load_config(dest, find_variant(dest))
+    dest.mkdir(parents=True, exist_ok=True)
+    _copy(root / folder / yaml_name, dest / yaml_name)
+    if kind != "cosyvoice1":  # the Qwen2 LMs read their config.json (and the tokenizer files) beside
+        (dest / BLANK_EN).mkdir(exist_ok=True)
+        for f in (root / BLANK_EN).iterdir():
+            if f.is_file():
+                _copy(f, dest / BLANK_EN / f.name)
+    variant = find_variant(dest)
+    config = load_config(dest, variant)
     torch.manual_seed(seed)
     lm = build_lm(config["llm"], dest)
     state = {lm.upstream_key(k): v for k, v in lm.state_dict().items()}
-    if lm.llm.lm_head is None:  # tied, as in Qwen2.5-0.5B: upstream's file still names the head
+    if isinstance(lm, QwenSpeechLM) and lm.llm.lm_head is None:  # tied (Qwen2.5-0.5B): upstream's file names it
         state["llm.model.lm_head.weight"] = state["llm.model.model.embed_tokens.weight"]
     torch.save(state, dest / "llm.pt")
     del lm, state
     torch.save(build_flow(config).state_dict(), dest / "flow.pt")
-    torch.save(_hift_checkpoint(build_hift(config)), dest / "hift.pt")
-    marker.write_text(json.dumps({"seed": seed, "from": str(root / "CosyVoice2-0.5B" / "cosyvoice2.yaml")}))
+    noise = cosyvoice3_noise(config) if variant.version == 3 else None
+    torch.save(_hift_checkpoint(build_hift(config, noise)), dest / "hift.pt")
+    marker.write_text(json.dumps({"seed": seed, "kind": kind, "from": str(root / folder / yaml_name)}))
     return dest
+
+
+def build_random_cosyvoice2(dest: str | Path, assets: str | Path | None = None, seed: int = 0) -> Path:
+    """Write a full-size CosyVoice 2 model dir with random weights to `dest` (kept if already there)."""
+    return build_random_cosyvoice("cosyvoice2", dest, assets, seed)
 
 
 def lm_step_bytes(lm: QwenSpeechLM | TransformerSpeechLM, positions: float) -> int:
@@ -164,7 +179,7 @@ class CosyVoiceBench:
     # -- BenchDriver ---------------------------------------------------------------------------
     def lm(self, tokens: int) -> list[int]:
         """Exactly `tokens` speech tokens for the request."""
-        out = list(self.synthesizer(tokens).lm_tokens(self.inputs, self._generator(0)))
+        out = self.synthesizer(tokens).lm_call(self.inputs, self._generator(0))
         assert len(out) == tokens, (len(out), tokens)
         return out
 
@@ -210,26 +225,27 @@ class CosyVoiceBench:
     def memory_case(self, tokens: int, stream: bool, rows: int) -> None:
         """One request of `tokens` speech tokens through the model's own stage calls, each inside `model.room`.
 
-        Whole: the LM (its `rows` requests decoded together, in the model's batch when rows > 1), then
-        one flow and one vocoder call; streamed: the synthesizer's chunk schedule. The LM's call is
-        the whole generation, reserved here as the runtime admits it: at the positions it fills.
+        Whole: the LM's generation (one call, its positions exactly what the LM fills: its length
+        is capped at `tokens`), then one flow and one vocoder call; with `rows` > 1, that many
+        requests' generations decoded together in the model's batch, as one call of `rows` rows.
+        Streamed: the synthesizer's chunk schedule.
         """
         if stream:
             for _ in self.stream(tokens):
                 pass
             return
-        prompt = 2 + sum(self.inputs[k].shape[1] for k in ("text", "prompt_text", "llm_prompt_speech_token"))
-        with self.model.room("llm", positions=prompt + tokens, rows=rows):
-            if rows == 1:
-                speech = self.lm(tokens)
-            else:
-                if self.model.batch_width < rows:
-                    raise InvalidRequest(f"bench --memory: {rows} rows need --option compute.batch={rows}")
-                self.use_batch(True)
-                try:
+        if rows == 1:
+            speech = self.lm(tokens)
+        else:
+            if self.model.batch_width < rows:
+                raise InvalidRequest(f"bench --memory: {rows} rows need --option compute.batch={rows}")
+            prompt = 3 + sum(self.inputs[k].shape[1] for k in ("text", "prompt_text", "llm_prompt_speech_token"))
+            self.use_batch(True)
+            try:
+                with self.model.room("llm", positions=prompt + tokens, rows=rows, prefill=prompt):  # rows nest in it
                     speech = run_clients(rows, lambda: self.lm(tokens))[0][0]
-                finally:
-                    self.use_batch(False)
+            finally:
+                self.use_batch(False)
         self.vocoder(self.flow(speech))
 
 
@@ -243,4 +259,4 @@ def bench_model_dir(model_dir: Path | None, random: str | None, workdir: Path,
         return Path(model_dir), None
     if random not in RANDOM_KINDS:
         raise InvalidRequest(f"bench: cannot build a random {random!r} (known: {', '.join(RANDOM_KINDS)})")
-    return build_random_cosyvoice2(Path(workdir) / f"random-{random}", assets), "random weights, full size"
+    return build_random_cosyvoice(random, Path(workdir) / f"random-{random}", assets), "random weights, full size"

@@ -48,7 +48,7 @@ class CosyVoiceEngine(Engine):
     capabilities = Capabilities(modes=frozenset(MODES), sample_rate=24000, stream_out=True, stream_in=True,
                                 languages=LANGUAGES, voice_cache=True)
 
-    bench_random = ("cosyvoice2",)  # `mizuoto bench --random cosyvoice2`
+    bench_random = ("cosyvoice1", "cosyvoice2", "cosyvoice3")  # `mizuoto bench --random cosyvoice2`
 
     def bench_driver(self, model_dir: Path | None, random: str | None, options: Any, settings: Any,
                      workdir: Path, assets: str | Path | None = None) -> Any:
@@ -110,7 +110,7 @@ class CosyVoiceModel(Model):
         if self._audio_ok:
             front_modules = {"speech_tokenizer": self.frontend.speech_tokenizer, "campplus": self.frontend.campplus}
         fixed_hift = {"f0_predictor"} if variant.version == 3 and f0_device(device) != device else set()
-        calls = {"llm": LmMemory(self.llm), "flow": FlowMemory(self.flow), "hift": HiftMemory(self.hift.upsample_scale)}
+        calls = {"llm": LmMemory(self.llm), "flow": FlowMemory(self.flow), "hift": HiftMemory(self.hift)}
         admitted = admission(calls["llm"], calls["flow"], calls["hift"], self._segment_tokens, variant.version,
                              self.schedule_mel_frames)
         self.stages = (

@@ -6,10 +6,11 @@ attention kernels hold no more. The constants below were measured with `mizuoto 
 on the fixture models and full-size random models (docs/memory.md, "Calibration"; Intel Xeon,
 2 threads, torch 2.13.0, 2026-12-03):
 
-- **LM** (`positions`, `rows`): the KV cache of every layer at `positions` per row, one layer's keys
-  or values once more while the dynamic cache grows by concatenation, and per row the step's
-  activations (the hidden state through the MLP's width, the logits); the prefill adds the
-  prompt's activations once.
+- **LM** (`positions`, `rows`, `prefill`): per row, the KV cache of every layer at `positions`,
+  held LM_CACHE_COPIES times while it grows (Qwen2's cache is grown by concatenation, and its
+  growing buffers fragment glibc's arenas; v1's wenet cache is rebuilt per block each step and
+  stacked: three copies), and the prefill's activations (LM_PREFILL_WIDTHS of its widest layer
+  and the logits, per prompt position).
 - **Flow** (`tokens` into the encoder, `frames` the decoder runs on): the encoder and the decoder
   run one after the other, so the call needs the larger of the two. Each holds (T x T) float
   matrices: the conformer's relative-position attention RELPOS_SQUARE per head, and RELPOS_LINEAR
@@ -19,7 +20,7 @@ on the fixture models and full-size random models (docs/memory.md, "Calibration"
   broadcast over heads). The estimator's activations linear in the frames: UNET_INPUT_COPIES and
   UNET_CHANNEL_COPIES per frame and row (its stacked input, its widest convolution), DIT_WIDTHS.
 - **Vocoder** (`frames` of mel): linear in the samples it makes: the harmonic source at the
-  output rate and the widest upsampled activations.
+  output rate and its densest upsampled activation.
 
 A request is admitted with the LM's bound (its KV cache at upstream's length cap for the longest
 segment's text tokens, counted with the model's own tokenizer) and with what its flow and vocoder
@@ -54,9 +55,15 @@ DIT_COPIES = 1.3  # DiT attention per CFG row: its boolean mask broadcast over h
 UNET_INPUT_COPIES, UNET_CHANNEL_COPIES = 1.9, 11.7
 UNET_FIXED_BYTES = 3 << 20  # its timestep embedding and per-block buffers, whatever the frames
 DIT_WIDTHS = 8.0
-HIFT_BYTES_PER_SAMPLE = 250  # harmonic source and upsampled activations per output sample
-HIFT_FIXED_BYTES = 7 << 20  # glibc's arenas hold the small buffers of a short call
-LM_STEP_WIDTHS = 16  # a step's live activations per row, in widths of the LM's widest layer
+# the vocoder per output sample: its harmonic source, and HIFT_CHANNEL_COPIES of its densest
+# upsampled activation (channels x positions per sample: 16 floats for the released 512-channel
+# HiFT, under 1 for the fixture's); its short calls' small buffers stay in glibc's arenas
+HIFT_SOURCE_BYTES, HIFT_CHANNEL_COPIES = 240, 5.5
+HIFT_FIXED_BYTES, HIFT_FIXED_PER_CHANNEL = 6.5 * (1 << 20), 1.3 * (1 << 20)
+# the LM: its cache 1.5 times while it grows (the old beside the new; growing buffers fragment
+# glibc's arenas); a prefill's activations per position, in widths of its widest layer and its logits
+LM_CACHE_COPIES = 1.5
+LM_PREFILL_WIDTHS = 6
 FIXED_BYTES = 1 << 20  # what any call allocates whatever its size (kernel workspaces, small buffers)
 
 
@@ -69,30 +76,30 @@ def _widest(module: nn.Module) -> int:
 # ---- the LM ---------------------------------------------------------------------------------------
 
 class LmMemory:
-    """The LM's call figure: `positions` in its cache per row, `rows` decoded together."""
+    """The LM's call figure: `rows` requests of `positions` positions each, their prompts `prefill` positions."""
 
     def __init__(self, lm: nn.Module):
         if isinstance(lm, QwenSpeechLM):  # its dynamic cache grows one layer at a time (torch.cat)
             cfg = lm.llm.config
-            self.layers, self.per_layer = cfg.num_hidden_layers, 2 * cfg.num_key_value_heads * cfg.head_dim * FLOAT
-            self.width, self.regrown = max(cfg.intermediate_size, cfg.hidden_size), 1
-        elif isinstance(lm, TransformerSpeechLM):  # wenet's forward_chunk returns every block's cache anew
-            self.layers, self.per_layer = len(lm.llm.encoders), 2 * lm.llm.output_size() * FLOAT
-            self.width, self.regrown = _widest(lm.llm), 2 * self.layers  # and their stack: three copies
+            self.per_position = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * FLOAT
+            self.width, self.copies = max(cfg.intermediate_size, cfg.hidden_size), LM_CACHE_COPIES
+        elif isinstance(lm, TransformerSpeechLM):  # wenet's forward_chunk rebuilds every block's cache and stacks them
+            self.per_position = len(lm.llm.encoders) * 2 * lm.llm.output_size() * FLOAT
+            self.width, self.copies = _widest(lm.llm), 3
         else:
             raise TypeError(f"not a CosyVoice LM: {type(lm).__name__}")
         self.vocab = _widest(lm.llm_decoder) if hasattr(lm, "llm_decoder") else self.width
 
-    def __call__(self, positions: int, rows: int = 1) -> int:
-        """Bytes for `rows` requests of `positions` positions each."""
-        cache = self.layers * self.per_layer * positions
-        grow = self.regrown * self.per_layer * positions  # the old cache beside the new while it grows
-        step = LM_STEP_WIDTHS * self.width * FLOAT + self.vocab * FLOAT
-        return int(rows * (cache + grow + step) + FIXED_BYTES)
+    def __call__(self, positions: int, rows: int = 1, prefill: int = 0) -> int:
+        """Bytes for `rows` requests of `positions` positions each, `prefill` of them fed at once."""
+        cache = self.copies * self.per_position * positions
+        activations = max(prefill, 1) * (LM_PREFILL_WIDTHS * self.width + self.vocab) * FLOAT
+        return int(rows * (cache + activations) + FIXED_BYTES)
 
     def bound(self, text_tokens: int) -> int:
         """Its figure at upstream's cap: a prompt of PROMPT_POSITIONS_CAP, MAX_TOKEN_TEXT_RATIO speech tokens per text token."""
-        return self(PROMPT_POSITIONS_CAP + (MAX_TOKEN_TEXT_RATIO + 1) * text_tokens)
+        prefill = PROMPT_POSITIONS_CAP + text_tokens
+        return self(prefill + MAX_TOKEN_TEXT_RATIO * text_tokens, prefill=prefill)
 
 
 # ---- the flow -------------------------------------------------------------------------------------
@@ -142,12 +149,18 @@ class FlowMemory:
 class HiftMemory:
     """The vocoder's call figure over `frames` mel frames."""
 
-    def __init__(self, samples_per_frame: int):
-        self.samples_per_frame = samples_per_frame
+    def __init__(self, hift: nn.Module):
+        self.samples_per_frame = hift.upsample_scale
+        positions, densest = 1, 0.0
+        for rate, up in zip(hift.upsample_rates, hift.ups):
+            positions *= rate
+            densest = max(densest, up.out_channels * positions / self.samples_per_frame)
+        self.per_sample = HIFT_SOURCE_BYTES + HIFT_CHANNEL_COPIES * FLOAT * densest
+        self.fixed = HIFT_FIXED_BYTES + HIFT_FIXED_PER_CHANNEL * densest
 
     def __call__(self, frames: int) -> int:
         """Bytes for one vocoder call."""
-        return int(HIFT_BYTES_PER_SAMPLE * self.samples_per_frame * frames + HIFT_FIXED_BYTES)
+        return int(self.per_sample * self.samples_per_frame * frames + self.fixed)
 
 
 # ---- what a request is admitted with --------------------------------------------------------------

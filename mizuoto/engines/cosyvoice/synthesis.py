@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from mizuoto.engines.cosyvoice.llm import MAX_TOKEN_TEXT_RATIO
 from mizuoto.errors import InvalidRequest
 
 StageGate = Callable[[str], contextlib.AbstractContextManager]
@@ -156,6 +157,18 @@ class Synthesizer:
                 return
             yield token
 
+    def lm_call(self, inputs: dict[str, Any], generator: torch.Generator) -> list[int]:
+        """The LM's whole generation for one model input, reserved as one call (`room("llm")`) at the
+        positions it may fill: the prompt, the text and upstream's cap of speech tokens."""
+        text = inputs["text"]
+        if not isinstance(text, torch.Tensor):  # streamed text: no length to reserve for (admission's bound)
+            return list(self.lm_tokens(inputs, generator))
+        ratio = self.lm_options.get("max_token_text_ratio", MAX_TOKEN_TEXT_RATIO)
+        prompt = 3 + inputs["prompt_text"].shape[1] + inputs["llm_prompt_speech_token"].shape[1]  # sos, x-vector, task
+        prefill = prompt + text.shape[1]
+        with self.room("llm", self.lease, positions=prefill + int(text.shape[1] * ratio), rows=1, prefill=prefill):
+            return list(self.lm_tokens(inputs, generator))
+
     def speech_tokens(self, inputs: dict[str, Any], generator: torch.Generator) -> Iterator[int]:
         """The tokens the flow speaks: the source's (voice conversion) or the LM's, filtered (v3)."""
         source = inputs["source_speech_token"]
@@ -222,15 +235,18 @@ class Synthesizer:
                    voc_gen: torch.Generator) -> Iterator[tuple[torch.Tensor, bool]]:
         """As run, each chunk paired with whether it is this input's last (known without waiting for more)."""
         inputs = {**self._empty_inputs(), **inputs}
-        tokens = self.speech_tokens(inputs, lm_gen)
         if not stream:
-            all_tokens = list(tokens)
+            if inputs["source_speech_token"].shape[1] > 0:
+                all_tokens = list(self.speech_tokens(inputs, lm_gen))
+            else:
+                all_tokens = self.lm_call(inputs, lm_gen)
+                all_tokens = list(self.token_filter(all_tokens)) if self.token_filter else all_tokens
             if self.on_tokens:
                 self.on_tokens(all_tokens)
             yield self._token2wav(all_tokens, inputs, _State(), voc_gen, offset=0, streaming=False,
                                   finalize=True, speed=speed), True
             return
-        yield from self._stream(tokens, inputs, voc_gen)
+        yield from self._stream(self.speech_tokens(inputs, lm_gen), inputs, voc_gen)
 
     def _stream(self, tokens: Iterator[int], inputs: dict[str, Any], gen: torch.Generator
                 ) -> Iterator[tuple[torch.Tensor, bool]]:
