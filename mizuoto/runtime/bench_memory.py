@@ -21,6 +21,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import torch
+
 from mizuoto.errors import InvalidRequest, MizuotoError
 from mizuoto.runtime.malloc import tune_malloc
 from mizuoto.runtime.memory import format_bytes
@@ -108,6 +110,8 @@ def run_case_process(spec: dict[str, Any], timeout: float | None = None) -> list
 def case_process_main(driver_factory: Any, spec: dict[str, Any]) -> int:
     """The fresh process's side: tune the allocator as the server does, build the driver, run, print JSON."""
     tune_malloc(1 << 20, 2)  # the server's settings (ServerConfig.mmap_threshold, malloc_arenas)
+    if spec.get("threads"):  # cases run side by side each take a share of the cores
+        torch.set_num_threads(int(spec["threads"]))
     driver = driver_factory()
     calls = run_case(driver, MemoryCase(**spec["case"]))
     print(json.dumps({"driver": driver.name, "calls": calls}))

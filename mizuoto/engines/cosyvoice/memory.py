@@ -91,10 +91,13 @@ class LmMemory:
         self.vocab = _widest(lm.llm_decoder) if hasattr(lm, "llm_decoder") else self.width
 
     def __call__(self, positions: int, rows: int = 1, prefill: int = 0) -> int:
-        """Bytes for `rows` requests of `positions` positions each, `prefill` of them fed at once."""
+        """Bytes for `rows` requests of `positions` positions each, `prefill` of them fed at once.
+
+        A batch runs its prefills one at a time (runtime.batching), so one prefill's activations count.
+        """
         cache = self.copies * self.per_position * positions
-        activations = max(prefill, 1) * (LM_PREFILL_WIDTHS * self.width + self.vocab) * FLOAT
-        return int(rows * (cache + activations) + FIXED_BYTES)
+        activations = max(prefill, rows) * (LM_PREFILL_WIDTHS * self.width + self.vocab) * FLOAT
+        return int(rows * cache + activations + FIXED_BYTES)
 
     def bound(self, text_tokens: int) -> int:
         """Its figure at upstream's cap: a prompt of PROMPT_POSITIONS_CAP, MAX_TOKEN_TEXT_RATIO speech tokens per text token."""

@@ -1,11 +1,11 @@
 """Each stage call's planned working memory against the peak it was measured at, on every fixture model.
 
 Every length of `runtime.bench_memory.SECONDS` whole, and streamed up to STREAMED_UP_TO seconds,
-each case in a fresh process (`mizuoto.cli.memory_case`, the server's allocator settings), two
-at a time. Streamed requests stop there for time: CosyVoice 2/3 stream by running the flow again
-over every token so far, so a streamed request's calls are each at most the whole request's
-call, which the whole cases measure at every length; the 30 and 60 s streamed cases (minutes
-each on two cores) are in the calibration table of docs/memory.md. For each call:
+each case in a fresh process (`mizuoto.cli.memory_case`, the server's allocator settings), two at
+a time with a thread each. Streamed requests stop there for time: CosyVoice 2/3 stream by running
+the flow again over every token so far, so each call of a streamed request is at most the whole
+request's call, which the whole cases measure at every length; the 30 and 60 s streamed cases
+(minutes each on two cores) are in the calibration table of docs/memory.md. For each call:
 measured <= planned <= 1.3 x measured, except where the allocator keeps that from holding:
 
 - the vocoder, up to 1.4 x: the same call measures 17-25 MiB at 150-160 frames from one run to the
@@ -39,7 +39,7 @@ def measured(assembled, tmp_path_factory):
     def run(job):
         d, case = job
         spec = {"model_dir": str(assembled[d]), "workdir": str(workdir), "options": {"device": "cpu"},
-                "case": {"seconds": case.seconds, "stream": case.stream, "rows": case.rows}}
+                "threads": 1, "case": {"seconds": case.seconds, "stream": case.stream, "rows": case.rows}}
         return d, run_case_process(spec, timeout=600)
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(run, jobs))
