@@ -17,8 +17,8 @@ on the fixture models and full-size random models (docs/memory.md, "Calibration"
   floats per position and head (T = tokens before the upsampling, frames after; the same on the
   fixture and the released sizes); the U-Net's one per CFG row and head (its additive mask repeated
   per head) and UNET_ROW_COPIES per row; the DiT's DIT_COPIES per CFG row (its boolean mask
-  broadcast over heads). The estimator's activations linear in the frames: UNET_INPUT_COPIES and
-  UNET_CHANNEL_COPIES per frame and row (its stacked input, its widest convolution), DIT_WIDTHS.
+  broadcast over heads). The estimator's activations linear in the frames: copies of its stacked
+  input and of its width per frame and row (UNET_*_COPIES, DIT_*_COPIES).
 - **Vocoder** (`frames` of mel): linear in the samples it makes: the harmonic source at the
   output rate and its densest upsampled activation.
 
@@ -49,17 +49,18 @@ CFG_ROWS = 2  # the flow's estimator runs the conditioned and the unconditioned 
 RELPOS_SQUARE, RELPOS_LINEAR = 6.8, 1900
 UNET_ROW_COPIES = 1.2  # U-Net attention per CFG row: the mask repeated per head (one copy each), + this
 DIT_COPIES = 1.3  # DiT attention per CFG row: its boolean mask broadcast over heads, and its float form
-# the estimator's activations per frame and CFG row: the U-Net's, in copies of its stacked input
-# and of its widest convolution (fitted on the fixture's and the released widths: 320 inputs, 80
-# and 256 channels); the DiT's, in widths of its widest layer
+# the estimator's activations per frame and CFG row, in copies of its stacked input (320 channels
+# in every released and fixture model) and of its width: the U-Net's widest convolution (80 and 256
+# channels), the DiT's model width (32 and 1024); fitted on the fixture and the full-size models
 UNET_INPUT_COPIES, UNET_CHANNEL_COPIES = 1.9, 11.7
 UNET_FIXED_BYTES = 3 << 20  # its timestep embedding and per-block buffers, whatever the frames
-DIT_WIDTHS = 8.0
+DIT_INPUT_COPIES, DIT_WIDTH_COPIES = 4.1, 7.6
+DIT_FIXED_PER_WIDTH = 12 << 10  # whatever the frames: 12 MiB at the released width (its weights' kernel workspaces)
 # the vocoder per output sample: its harmonic source, and HIFT_CHANNEL_COPIES of its densest
 # upsampled activation (channels x positions per sample: 16 floats for the released 512-channel
 # HiFT, under 1 for the fixture's); its short calls' small buffers stay in glibc's arenas
-HIFT_SOURCE_BYTES, HIFT_CHANNEL_COPIES = 240, 5.5
-HIFT_FIXED_BYTES, HIFT_FIXED_PER_CHANNEL = 6.5 * (1 << 20), 1.3 * (1 << 20)
+HIFT_SOURCE_BYTES, HIFT_CHANNEL_COPIES = 240, 6.9
+HIFT_FIXED_BYTES, HIFT_FIXED_PER_CHANNEL = 6.5 * (1 << 20), 0.75 * (1 << 20)
 # the LM: its cache 1.5 times while it grows (the old beside the new; growing buffers fragment
 # glibc's arenas); a prefill's activations per position, in widths of its widest layer and its logits
 LM_CACHE_COPIES = 1.5
@@ -126,8 +127,12 @@ class FlowMemory:
             convs = max(m.out_channels for m in estimator.modules() if isinstance(m, nn.Conv1d))
             self.copies, self.kind = max(unet) + UNET_ROW_COPIES, "unet"
             self.per_frame = UNET_INPUT_COPIES * estimator.in_channels + UNET_CHANNEL_COPIES * convs
+            self.fixed = UNET_FIXED_BYTES
         elif dit:
-            self.copies, self.kind, self.per_frame = DIT_COPIES, "dit", DIT_WIDTHS * _widest(estimator)
+            proj = estimator.input_embed.proj
+            self.copies, self.kind = DIT_COPIES, "dit"
+            self.per_frame = DIT_INPUT_COPIES * proj.in_features + DIT_WIDTH_COPIES * proj.out_features
+            self.fixed = DIT_FIXED_PER_WIDTH * proj.out_features
         else:
             raise TypeError(f"no known attention in the flow estimator {type(estimator).__name__}")
 
@@ -139,8 +144,7 @@ class FlowMemory:
 
     def decoder(self, frames: int) -> float:
         """Bytes the estimator needs on `frames` (both CFG rows)."""
-        fixed = UNET_FIXED_BYTES if self.kind == "unet" else 0
-        return FLOAT * CFG_ROWS * (self.copies * frames ** 2 + self.per_frame * frames) + fixed
+        return FLOAT * CFG_ROWS * (self.copies * frames ** 2 + self.per_frame * frames) + self.fixed
 
     def __call__(self, tokens: int, frames: int) -> int:
         """Bytes for one flow call."""
