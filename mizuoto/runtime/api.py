@@ -21,7 +21,7 @@ from mizuoto.errors import (InvalidRequest, MemoryBudgetError, MizuotoError, Mod
                              RequestTooLarge)
 from mizuoto.runtime.executor import Executor
 from mizuoto.runtime.lease import Lease
-from mizuoto.runtime.memory import Eviction, Plan, Pool, detect_budget, measure, parse_bytes, plan_model
+from mizuoto.runtime.memory import Eviction, Plan, Pool, detect_budget, measure, parse_bytes, peak_of, plan_model
 from mizuoto.runtime.options import LoadOptions, parse_options
 from mizuoto.runtime.plugins import Registry, describe_error
 from mizuoto.runtime.scheduler import Scheduler
@@ -81,6 +81,9 @@ class _Loaded:
     plan: Plan
     identity: ModelIdentity | None = None  # set when the model can import voices (see voicestore)
     admitted: bool = False  # admitted to its device once: until then its load may still fail (nothing pins it)
+    # its stages' weights and fixed bytes as loaded: every plan reads these (buffers a model makes later, a
+    # batch's scratch, must not change the figures one request is planned and refused with)
+    sizes: tuple | None = None
 
 
 def _device_key(device: str) -> str:
@@ -114,6 +117,7 @@ class Runtime:
         self._models: dict[str, _Loaded] = {}
         self._pins: dict[str, set[Lease]] = {}  # model name -> the leases pinning it
         self._room_waits: dict[Lease, set[str]] = {}  # a lease waiting for room -> the pinned models in its way
+        self._calls: dict[Lease, dict[str, int]] = {}  # a lease -> the working memory of its calls reserved now
         self._pools: dict[str, Pool] = {}
         self._gone: dict[str, str] = {}  # model name -> why it was unloaded by the runtime
         self.evictions = 0  # models offloaded or unloaded by the planner to admit others, so far
@@ -292,6 +296,7 @@ class Runtime:
             if pins is not None:
                 pins.discard(lease)
             self._room_waits.pop(lease, None)
+            self._calls.pop(lease, None)
             self._changed.notify_all()
 
     def pins(self, model: str) -> int:
@@ -346,7 +351,10 @@ class Runtime:
     def _plan_for(self, loaded: _Loaded, request: SynthesisRequest | None, stream: bool = False) -> Plan:
         """The plan for `request`, or for any request (streaming or not) when it is None."""
         budget = self._pool(loaded.options.device).device_budget
-        sizes = measure(loaded.model.stages, request, loaded.options.device)
+        if loaded.sizes is None:
+            loaded.sizes = measure(loaded.model.stages, None, loaded.options.device)
+        sizes = tuple(replace(size, working=stage.working_memory(request))
+                      for size, stage in zip(loaded.sizes, loaded.model.stages))
         stream = request.stream if request is not None else stream
         return plan_model(loaded.name, sizes, budget, loaded.options.device, stream)
 
@@ -557,10 +565,11 @@ class Runtime:
         When the room is held by models other requests pin, the request waits for them, holding
         its pin only, until its lease's cancel or deadline.
         """
-        reserve, budget = 0, None
+        reserve, budget, bound = 0, None, None
         if loaded.model.batch_width > 1 and request is not None:
             budget = self._pool(loaded.options.device).device_budget
             reserve = sum(s.working_memory(request) for s in loaded.model.stages if s.kind == "sequence")
+            bound = self._bound_peak(loaded, plan, request)
         with self._lock:
             if self._models.get(loaded.name) is not loaded:
                 raise ModelUnloaded(f"model {loaded.name} was unloaded: "
@@ -569,7 +578,7 @@ class Runtime:
                 raise InvalidRequest(f"model {loaded.name} is still loading; use it once load() has returned")
             self._pin(loaded.name, lease)
         while True:
-            with loaded.scheduler.hold(lease, f"model {loaded.name}", reserve, plan.peak, budget):
+            with loaded.scheduler.hold(lease, f"model {loaded.name}", reserve, plan.peak, budget, bound):
                 others = loaded.scheduler.together() - plan.peak
                 if self._try_admit(loaded, plan, others, waitable=True, lease=lease):
                     try:
@@ -584,35 +593,71 @@ class Runtime:
     def _reserve(self, loaded: _Loaded, stage: str, lease: Lease, working: int, sizes: dict) -> Iterator[None]:
         """Room for one `stage` call of `working` bytes beside what `lease` was admitted with, for the block.
 
-        The request's plan is made again with the call's figure (its placement may change to make
-        room) and admitted as `_turn` admits it: evicting idle models, or waiting for room other
-        requests hold, until the lease's end. A call the budget can never hold is RequestTooLarge,
-        before it runs. After the block the request goes back to its admitted plan.
+        The request's plan is made again with the figures of its calls reserved now (its placement
+        may change to make room) and admitted as `_turn` admits it: evicting idle models, or waiting
+        for room other requests hold, until the lease's end. A reservation inside another one for
+        the same stage that it covers adds nothing (a batched model's call reserved by its request's
+        thread, then entered again on the compute loop, never waits there). A call the budget can
+        never hold is RequestTooLarge, before it runs. After the block the request's plan is back to
+        what its other open reservations need.
         """
         base = lease.plan
-        if base is None or lease.model != loaded.name or working <= base.stage(stage).working:
-            yield  # nothing to add: within what the request was admitted with (or not a runtime request)
+        if base is None or lease.model != loaded.name:
+            yield  # not a runtime request
             return
-        sizes_text = ", ".join(f"{k} {v}" for k, v in sizes.items())
-        stages = tuple(replace(s, working=working) if s.name == stage else s for s in base.stages)
+        with self._lock:
+            held = self._calls.setdefault(lease, {})
+            covered = working <= max(held.get(stage, 0), base.stage(stage).working)
+            if not covered:
+                previous, held[stage] = held.get(stage), working
+        if covered:
+            yield
+            return
         try:
-            plan = plan_model(loaded.name, stages, base.budget, loaded.options.device, base.stream)
-        except MemoryBudgetError as e:
-            raise RequestTooLarge(f"request refused at its {stage} call ({sizes_text}): {e}") from None
-        self._admit_held(loaded, plan, lease)
-        try:
+            # on a batched model's compute loop nothing may wait (every other row would wait with it):
+            # room is made there only by evicting idle models
+            on_loop = loaded.model.batch_width > 1 and loaded.scheduler.executor.running_lease() is not None
+            self._admit_held(loaded, self._call_plan(loaded, base, held, stage, sizes), lease, wait=not on_loop)
             yield
         finally:
-            loaded.scheduler.resize(lease, base.peak)
+            with self._lock:
+                if previous is None:
+                    held.pop(stage, None)
+                else:
+                    held[stage] = previous
+                if not held:
+                    self._calls.pop(lease, None)
+            plan = self._call_plan(loaded, base, held, stage, sizes)
+            loaded.scheduler.resize(lease, plan.peak)
             try:
-                self._try_admit(loaded, base, loaded.scheduler.together() - base.peak, lease=lease)
+                self._try_admit(loaded, plan, loaded.scheduler.together() - plan.peak, lease=lease)
             except MizuotoError as e:  # smaller than what was just admitted: only an unload beside it gets here
                 log.warning("%s: the request's plan after its %s call: %s", loaded.name, stage, e)
 
-    def _admit_held(self, loaded: _Loaded, plan: Plan, lease: Lease) -> None:
-        """Admit a held model for `plan` beside the requests running with it, waiting for room until the lease ends."""
-        loaded.scheduler.resize(lease, plan.peak, self._pool(loaded.options.device).device_budget)
-        while not self._try_admit(loaded, plan, loaded.scheduler.together() - plan.peak, waitable=True, lease=lease):
+    @staticmethod
+    def _bound_peak(loaded: _Loaded, plan: Plan, request: SynthesisRequest) -> int:
+        """The peak of `plan` with every stage at the most one of its calls may need (`Stage.bound_memory`)."""
+        bounds = {s.name: s.bound_memory(request) for s in loaded.model.stages if s.bound_memory is not None}
+        if not bounds:
+            return plan.peak
+        stages = tuple(replace(s, working=max(s.working, bounds.get(s.name, 0))) for s in plan.stages)
+        return peak_of(stages, set(plan.pinned), plan.groups)
+
+    @staticmethod
+    def _call_plan(loaded: _Loaded, base: Plan, held: dict[str, int], stage: str, sizes: dict) -> Plan:
+        """`base` with the working memory of the calls in `held` (RequestTooLarge when the budget cannot hold it)."""
+        stages = tuple(replace(s, working=max(s.working, held[s.name])) if s.name in held else s for s in base.stages)
+        try:
+            return plan_model(loaded.name, stages, base.budget, loaded.options.device, base.stream)
+        except MemoryBudgetError as e:
+            sizes_text = ", ".join(f"{k} {v}" for k, v in sizes.items())
+            raise RequestTooLarge(f"request refused at its {stage} call ({sizes_text}): {e}") from None
+
+    def _admit_held(self, loaded: _Loaded, plan: Plan, lease: Lease, wait: bool = True) -> None:
+        """Admit a held model for `plan` beside the requests running with it, waiting for room until the lease
+        ends (`wait=False`: MemoryBudgetError at once when only others' requests could make room)."""
+        loaded.scheduler.resize(lease, plan.peak, self._pool(loaded.options.device).device_budget, wait)
+        while not self._try_admit(loaded, plan, loaded.scheduler.together() - plan.peak, waitable=wait, lease=lease):
             self._wait_for_room(lease)
 
     def _check_cycle(self, name: str, lease: Lease, busy: set[str]) -> None:

@@ -271,6 +271,9 @@ class Stage:
     fixed: frozenset[str] = frozenset()
     memory: Callable[[SynthesisRequest | None], int] = field(default=lambda request: 0, compare=False)
     call_memory: Callable[..., int] | None = field(default=None, compare=False)
+    # the most one call of this stage may need for a request (None: its `memory`); a batched model's
+    # rows join only while every row's largest call fits beside the others' reserves
+    bound_memory: Callable[[SynthesisRequest | None], int] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fixed", frozenset(self.fixed))

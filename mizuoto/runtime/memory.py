@@ -167,7 +167,8 @@ class Plan:
         return "\n".join(lines)
 
 
-def _peak(stages: Sequence[StageSize], pinned: set[str], groups: Sequence[tuple[str, ...]]) -> int:
+def peak_of(stages: Sequence[StageSize], pinned: set[str], groups: Sequence[tuple[str, ...]]) -> int:
+    """Device bytes at the busiest moment: fixed and pinned weights, and the largest group's turn."""
     by = {s.name: s for s in stages}
     base = sum(s.fixed for s in stages) + sum(by[n].weights for n in pinned)
     return base + max((sum(by[n].weights for n in g if n not in pinned) + sum(by[n].working for n in g)
@@ -176,7 +177,7 @@ def _peak(stages: Sequence[StageSize], pinned: set[str], groups: Sequence[tuple[
 
 def floor(stages: Sequence[StageSize], stream: bool = False) -> int:
     """The smallest budget any plan fits: every stage taking turns."""
-    return _peak(stages, set(), run_groups(stages, stream))
+    return peak_of(stages, set(), run_groups(stages, stream))
 
 
 def plan_model(model: str, stages: Sequence[StageSize], budget: int, device: str = "cuda",
@@ -185,15 +186,15 @@ def plan_model(model: str, stages: Sequence[StageSize], budget: int, device: str
     stages = tuple(stages)
     groups = run_groups(stages, stream)
     pinned = {s.name for s in stages}
-    if _peak(stages, pinned, groups) > budget:
+    if peak_of(stages, pinned, groups) > budget:
         pinned = set()
-        if _peak(stages, pinned, groups) > budget:
+        if peak_of(stages, pinned, groups) > budget:
             raise MemoryBudgetError(_refusal(model, stages, budget, device, stream, groups))
         for s in sorted(stages, key=lambda s: s.weights):  # stable: ties keep stage order
-            if _peak(stages, pinned | {s.name}, groups) <= budget:
+            if peak_of(stages, pinned | {s.name}, groups) <= budget:
                 pinned.add(s.name)
     order = tuple(s.name for s in stages if s.name in pinned)
-    return Plan(model, str(device), budget, stream, stages, order, groups, _peak(stages, pinned, groups))
+    return Plan(model, str(device), budget, stream, stages, order, groups, peak_of(stages, pinned, groups))
 
 
 def _refusal(model: str, stages: Sequence[StageSize], budget: int, device: str, stream: bool,

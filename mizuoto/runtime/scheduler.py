@@ -67,6 +67,7 @@ class Scheduler:
         self._threads: dict[Lease, int] = {}  # the thread each holder iterates in (to refuse a self-deadlock)
         self._queue: collections.deque[Lease] = collections.deque()  # waiting requests, first come first
         self._growing: set[Lease] = set()  # holders waiting for room for a stage call (resize)
+        self._bounds: dict[Lease, tuple[int, int]] = {}  # (peak at its largest call, reserve) of each holder
         self._bound = 0
         own = getattr(model, "executor", None)
         # `executor`: the one the model was loaded on, kept for its requests (unless it brings its own)
@@ -97,13 +98,13 @@ class Scheduler:
             return 0
         return max(p - r for p, r in rows) + sum(r for _, r in rows)
 
-    def resize(self, lease: Lease, peak: int, budget: int | None = None) -> None:
+    def resize(self, lease: Lease, peak: int, budget: int | None = None, wait: bool = True) -> None:
         """A holder's peak for its next stage call (its reserve, what it keeps while others run, stays).
 
         With a `budget`, a larger peak waits until it fits beside the other holders' reserves (one
         leaving, or shrinking back after a call of its own), until the lease's end; when every other
         holder waits to grow too, none can give room to another and this one gives way at once
-        (MemoryBudgetError).
+        (MemoryBudgetError); so it does without `wait` (a call on the model's own compute loop).
         """
         with self._cond:
             if lease not in self._owners:
@@ -117,7 +118,7 @@ class Scheduler:
                 rows = [grown if other is lease else held for other, held in self._owners.items()]
                 if budget is None or max(p - r for p, r in rows) + sum(r for _, r in rows) <= budget:
                     return True
-                if set(self._owners) - {lease} <= self._growing:
+                if not wait or set(self._owners) - {lease} <= self._growing:
                     raise MemoryBudgetError(
                         f"a stage call needs {format_bytes(grown[0])} beside the other requests running on this"
                         f" model, which wait for room too; it gives way (retry, or raise the budget)")
@@ -133,7 +134,7 @@ class Scheduler:
 
     @contextlib.contextmanager
     def hold(self, lease: Lease, name: str = "model", reserve: int = 0, peak: int = 0,
-             budget: int | None = None) -> Iterator[None]:
+             budget: int | None = None, bound: int | None = None) -> Iterator[None]:
         """Hold the model for one request of `peak` bytes that keeps `reserve` of them while others run beside it;
         with a `budget`, it joins a running batch only while `together()` stays within it. The lease's
         cancel or deadline ends the wait for a turn (RequestCancelled)."""
@@ -147,19 +148,26 @@ class Scheduler:
             def turn() -> bool:
                 if self._queue[0] is not lease or len(self._owners) >= width:
                     return False
-                return not (self._owners and budget is not None and self.together((peak, reserve)) > budget)
+                if not self._owners or budget is None:
+                    return True
+                # joining: every holder's largest call (its bound) must fit beside the others' reserves, so
+                # that no row's call can later wait for room only rows waiting to grow too could give
+                rows = [*self._bounds.values(), (max(bound or peak, reserve), reserve)]
+                return max(p - r for p, r in rows) + sum(r for _, r in rows) <= budget
             try:
                 lease.wait_for(self._cond, turn, f"while waiting for its turn on {name}")
             finally:
                 self._queue.remove(lease)
                 self._cond.notify_all()  # the next in line may fit now (or the line moved on without me)
             self._owners[lease] = (max(peak, reserve), reserve)
+            self._bounds[lease] = (max(bound or peak, reserve), reserve)
             self._threads[lease] = me
         try:
             yield
         finally:
             with self._cond:
                 self._owners.pop(lease, None)
+                self._bounds.pop(lease, None)
                 self._threads.pop(lease, None)
                 self._cond.notify_all()
 

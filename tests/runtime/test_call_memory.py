@@ -135,3 +135,30 @@ def test_a_growing_call_ends_with_its_lease(tone_dir):
     release.set()
     for t in holders:
         t.join(10)
+
+
+def test_a_reservation_inside_one_it_fits_in_adds_nothing_and_two_stages_reserve_together(tone_dir):
+    """A batched model's call is reserved in the request's thread, then entered again on its compute loop:
+    the inner one is covered and never waits; reservations of two stages at once count both."""
+    with Runtime(engines=[ToneEngine], plugins=False) as rt:
+        name = rt.load(tone_dir)
+        loaded = rt._get(name)
+        lease = Lease()
+        lease.plan = rt._plan_for(loaded, SHORT)
+        rt._pin(name, lease)
+        used = lambda: rt._pool("cpu").used()[0]  # noqa: E731
+        with loaded.scheduler.hold(lease, peak=lease.plan.peak):
+            rt._try_admit(loaded, lease.plan, lease=lease)
+            admitted = used()
+            big = 4 << 20
+            with rt._reserve(loaded, "render", lease, big, {"notes": 1}):
+                grown = used()
+                assert grown > admitted
+                with rt._reserve(loaded, "render", lease, big // 2, {"notes": 1}):
+                    assert used() == grown and rt._calls[lease] == {"render": big}
+                assert used() == grown
+                with rt._reserve(loaded, "listen", lease, 2 * big, {"seconds": 1}):
+                    assert rt._calls[lease] == {"render": big, "listen": 2 * big} and used() > grown
+                assert used() == grown and rt._calls[lease] == {"render": big}
+            assert used() == admitted and lease not in rt._calls
+        lease.release()

@@ -34,7 +34,7 @@ RSS_SLACK = 192 << 20  # models are unloaded and loaded again on every eviction:
 
 
 def _budget(served_dirs, h) -> int:
-    """A RAM budget that holds CosyVoice's long stream, but not beside piper: those requests evict piper."""
+    """A RAM budget that holds CosyVoice's long stream or piper, but not both: their requests evict each other."""
     import base64
 
     from mizuoto.runtime.engine import Reference, check_request
@@ -48,7 +48,8 @@ def _budget(served_dirs, h) -> int:
         longest = check_request(SynthesisRequest(LONG, voice=ref, stream=True), rt.model(cosy))
         need = rt._plan_for(rt._get(cosy), longest).peak  # what that request's turn admits
     budget = max(need, *bounds) + (1 << 20)
-    assert need + (1 << 20) >= max(bounds), "the long stream must be what sets the budget"
+    # a long stream cannot be admitted beside piper's plan: requests of one evict the other
+    assert need + min(bounds[2:]) > budget, "the budget must not hold a long stream beside piper"
     return budget
 
 

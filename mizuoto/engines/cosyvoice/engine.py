@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from mizuoto.runtime.options import LoadOptions
 log = logging.getLogger("mizuoto.cosyvoice")
 
 LANGUAGES = ("zh", "en", "ja", "ko", "yue")
+SEGMENTED_TEXTS = 64  # texts whose segments a model keeps (admission and the run share one normalization)
 # what a cached voice holds (upstream's add_zero_shot_spk entry), beside the optional "prompt_text" tokens
 PROMPT_KEYS = ("llm_prompt_speech_token", "flow_prompt_speech_token", "prompt_speech_feat", "llm_embedding",
                "flow_embedding")
@@ -100,6 +102,8 @@ class CosyVoiceModel(Model):
                                           exact_embedding=self.options.compute.reference == "exact")
         self.presets, self.cached = self._read_spk2info(model_dir / "spk2info.pt")
         self._voices_lock = threading.Lock()
+        self._segmented: OrderedDict[str, list[str]] = OrderedDict()  # text -> its segments, newest last
+        self._segmented_lock = threading.Lock()
         self.schedule = schedule_for(variant.version, self.flow, self.sample_rate)
         self.batcher = self._batcher(self.options.compute.batch)
         self.batch_width = self.batcher.width if self.batcher is not None else 1
@@ -116,16 +120,29 @@ class CosyVoiceModel(Model):
         self.stages = (
             Stage("frontend", "frontend", front_modules, fixed={"campplus"} & set(front_modules)),
             Stage("llm", "sequence", {"llm": self.llm}, memory=admitted["llm"], call_memory=calls["llm"]),
-            Stage("flow", "frames", {"flow": self.flow}, memory=admitted["flow"], call_memory=calls["flow"]),
+            Stage("flow", "frames", {"flow": self.flow}, memory=admitted["flow"], call_memory=calls["flow"],
+                  bound_memory=admitted["flow_bound"]),
             Stage("hift", "frames", dict(self.hift.named_children()), fixed=fixed_hift,
-                  memory=admitted["hift"], call_memory=calls["hift"]),
+                  memory=admitted["hift"], call_memory=calls["hift"], bound_memory=admitted["hift_bound"]),
         )
         # the bench runs token ids through the stages: a directory without the front end's files is fine there
         self.capabilities = None if frontend_optional and not self._audio_ok else self._capabilities()
 
+    def _segments(self, text: str) -> list[str]:
+        """Upstream's segments of `text`, normalized once for the request's admission and its run."""
+        with self._segmented_lock:
+            hit = self._segmented.get(text)
+        if hit is None:
+            hit = self.frontend.segments(text)
+            with self._segmented_lock:
+                self._segmented[text] = hit
+                while len(self._segmented) > SEGMENTED_TEXTS:
+                    self._segmented.popitem(last=False)
+        return list(hit)
+
     def _segment_tokens(self, text: str) -> list[int]:
         """Text tokens of each segment the request's text becomes (the admission's count; see memory.py)."""
-        segments = self.frontend.segments(text)
+        segments = self._segments(text)
         if self.variant.version == 3:
             segments = [self.frontend.with_system_prompt(s) for s in segments]
         return [len(self.frontend.tokenizer.encode(s)) for s in segments]
@@ -351,7 +368,7 @@ class CosyVoiceModel(Model):
         if request.text_streamed:
             text = self.frontend.streamed_tokens(iter(request.text))
             return [self.frontend.model_input(mode, text, prompt, request.instruct)]
-        segments = self.frontend.segments(request.text)
+        segments = self._segments(request.text)
         if mode == "cross_lingual" and self.variant.version == 3:
             segments = [self.frontend.with_system_prompt(s) for s in segments]
         return [self.frontend.model_input(mode, self.frontend.tokens(s), prompt, request.instruct)

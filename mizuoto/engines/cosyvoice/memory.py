@@ -9,8 +9,8 @@ on the fixture models and full-size random models (docs/memory.md, "Calibration"
 - **LM** (`positions`, `rows`, `prefill`): per row, the KV cache of every layer at `positions`,
   held LM_CACHE_COPIES times while it grows (Qwen2's cache is grown by concatenation, and its
   growing buffers fragment glibc's arenas; v1's wenet cache is rebuilt per block each step and
-  stacked: three copies), and the prefill's activations (LM_PREFILL_WIDTHS of its widest layer
-  and the logits, per prompt position).
+  stacked: three copies), the prefill's activations (LM_PREFILL_WIDTHS of its widest layer per
+  prompt position) and each row's logits.
 - **Flow** (`tokens` into the encoder, `frames` the decoder runs on): the encoder and the decoder
   run one after the other, so the call needs the larger of the two. Each holds (T x T) float
   matrices: the conformer's relative-position attention RELPOS_SQUARE per head, and RELPOS_LINEAR
@@ -62,7 +62,7 @@ DIT_FIXED_PER_WIDTH = 12 << 10  # whatever the frames: 12 MiB at the released wi
 HIFT_SOURCE_BYTES, HIFT_CHANNEL_COPIES = 240, 6.9
 HIFT_FIXED_BYTES, HIFT_FIXED_PER_CHANNEL = 6.5 * (1 << 20), 0.75 * (1 << 20)
 # the LM: its cache 1.5 times while it grows (the old beside the new; growing buffers fragment
-# glibc's arenas); a prefill's activations per position, in widths of its widest layer and its logits
+# glibc's arenas); a prefill's activations per position, in widths of its widest layer
 LM_CACHE_COPIES = 1.5
 LM_PREFILL_WIDTHS = 6
 FIXED_BYTES = 1 << 20  # what any call allocates whatever its size (kernel workspaces, small buffers)
@@ -97,7 +97,8 @@ class LmMemory:
         A batch runs its prefills one at a time (runtime.batching), so one prefill's activations count.
         """
         cache = self.copies * self.per_position * positions
-        activations = max(prefill, rows) * (LM_PREFILL_WIDTHS * self.width + self.vocab) * FLOAT
+        # the head scores each row's last position only
+        activations = (max(prefill, rows) * LM_PREFILL_WIDTHS * self.width + rows * self.vocab) * FLOAT
         return int(rows * cache + activations + FIXED_BYTES)
 
     def bound(self, text_tokens: int) -> int:
@@ -177,7 +178,8 @@ SegmentTokens = Callable[[str], Sequence[int]]  # text -> text tokens of each of
 
 def admission(lm: LmMemory, flow: FlowMemory, hift: HiftMemory, segment_tokens: SegmentTokens,
               version: int, mel_frames: Callable[[int], int]) -> dict[str, Callable[[SynthesisRequest | None], int]]:
-    """The stages' `memory(request)`: the LM's bound, and the least its flow and vocoder calls need."""
+    """The stages' `memory(request)` (the LM's bound, the least its flow and vocoder calls need), and the most
+    those calls may need (`flow_bound`, `hift_bound`: a batched model's rows join on them)."""
 
     def tokens(request: SynthesisRequest | None) -> int:
         """Text tokens of the request's longest segment (0 when they cannot be known yet)."""
@@ -204,4 +206,15 @@ def admission(lm: LmMemory, flow: FlowMemory, hift: HiftMemory, segment_tokens: 
     def hift_least(request: SynthesisRequest | None) -> int:
         return hift(mel_frames(least_speech(request)))
 
-    return {"llm": llm, "flow": flow_least, "hift": hift_least}
+    def most_speech(request: SynthesisRequest | None) -> int:
+        """Speech tokens a call may run on: upstream's cap for the text, and a voice prompt at the LM's prompt cap."""
+        return MAX_TOKEN_TEXT_RATIO * (tokens(request) or bound_tokens) + PROMPT_POSITIONS_CAP
+
+    def flow_most(request: SynthesisRequest | None) -> int:
+        speech = most_speech(request)
+        return flow(speech, mel_frames(speech))
+
+    def hift_most(request: SynthesisRequest | None) -> int:
+        return hift(mel_frames(most_speech(request)))
+
+    return {"llm": llm, "flow": flow_least, "hift": hift_least, "flow_bound": flow_most, "hift_bound": hift_most}

@@ -287,9 +287,18 @@ class Synthesizer:
     # -- token2wav ----------------------------------------------------------------------------
     def _token2wav(self, tokens: list[int], inputs: dict[str, Any], state: "_State", gen: torch.Generator, *,
                    offset: int, streaming: bool, finalize: bool, speed: float = 1.0) -> torch.Tensor:
-        # all of a chunk's tensor work (flow, vocoder, crossfades) on the model's compute thread when batched
-        return self._on_compute_thread(lambda: self._token2wav_here(
-            tokens, inputs, state, gen, offset=offset, streaming=streaming, finalize=finalize, speed=speed))
+        def here() -> torch.Tensor:
+            return self._token2wav_here(tokens, inputs, state, gen, offset=offset, streaming=streaming,
+                                        finalize=finalize, speed=speed)
+        if self.batcher is None or not tokens:
+            return here()
+        # all of a chunk's tensor work (flow, vocoder, crossfades) on the model's compute thread; its
+        # calls' memory reserved first in this thread (the loop must never wait for room): the flow's
+        # exact figure, the vocoder's for at most the flow's frames with its cache, slowed by `speed`
+        sizes = self.flow_call_sizes(len(tokens), inputs)
+        vocoded = int((sizes["frames"] + self.schedule.mel_cache_len) / min(speed, 1.0)) + 1
+        with self.room("flow", self.lease, **sizes), self.room("hift", self.lease, frames=vocoded):
+            return self._on_compute_thread(here)
 
     def _token2wav_here(self, tokens: list[int], inputs: dict[str, Any], state: "_State", gen: torch.Generator, *,
                         offset: int, streaming: bool, finalize: bool, speed: float = 1.0) -> torch.Tensor:
