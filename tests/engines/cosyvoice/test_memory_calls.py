@@ -10,10 +10,12 @@ measured <= planned <= 1.3 x measured, except where the allocator keeps that fro
 
 - the vocoder, up to 1.4 x: the same call measures 17-25 MiB at 150-160 frames from one run to the
   next (glibc's arenas keep its many small buffers), so its figure covers the upper end;
-- a call measured under GRANULARITY (24 MiB: a 58-frame vocoder call, whose tensors are under
-  1 MiB, once measured 20 MiB) is held to measured <= planned + GRANULARITY and planned <= 1.3 x
-  GRANULARITY instead (the tiny models' LM calls, short flow and vocoder calls); they are
-  printed by stage and ratio.
+- a call measured under GRANULARITY (32 MiB) is held to measured <= planned + GRANULARITY and
+  planned <= 1.3 x GRANULARITY instead (the tiny models' LM calls, short flow and vocoder calls);
+  they are printed by stage and ratio. Below it the allocator's scatter is as wide as the band: a
+  58-frame vocoder call, whose tensors are under 1 MiB, once measured 20 MiB, and the CosyVoice 2
+  fixture's 306-frame streamed flow call measured 28, 30, 32 and 35 MiB in four fresh processes
+  (2026-12-04), a spread of 1.25 x that leaves no room for a figure within 1.3 x of each.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import pytest
 from mizuoto.runtime.bench_memory import SECONDS, MemoryCase, run_case_process
 
 RATIO = {"llm": 1.3, "flow": 1.3, "hift": 1.4}
-GRANULARITY = 24 << 20
+GRANULARITY = 32 << 20
 STREAMED_UP_TO = 15
 CASES = [MemoryCase(s, stream) for s in SECONDS for stream in (False, True) if not stream or s <= STREAMED_UP_TO]
 
