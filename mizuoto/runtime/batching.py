@@ -98,7 +98,7 @@ class Row:
 
     def compute(self, fn: Callable[[], Any]) -> Any:
         """fn() on the batch loop's thread (the engine builds its LM input there: no OpenMP team here)."""
-        return self.batcher.call(fn, self.lease)
+        return self.batcher.call(fn, self.lease, "lm input")
 
     def scores(self, inputs: torch.Tensor) -> torch.Tensor:
         """Feed (1, T, hidden) inputs; the head's output for the last position, once the loop has run it."""
@@ -289,7 +289,11 @@ class DecodeBatcher(Executor):
         return STRAGGLER_WAIT_S if any(r is not None and r.state == PENDING for r in self.rows) else None
 
     def _work(self, waited: bool) -> tuple[str, Any] | None:
-        """What to run next (under the condition): prefills first, then calls and steps in turn.
+        """What to run next (under the condition), the loop's policy (docs/performance.md, "Batching"):
+
+        1. every waiting prefill (new rows join the next step together);
+        2. an urgent call (a request's first audio), oldest first;
+        3. otherwise calls and steps in turn, calls in the order they came.
 
         The rows taken are copied (`_Pass`) and RUNNING: what the pass reads no longer changes
         if their consumers leave meanwhile.
@@ -299,6 +303,10 @@ class DecodeBatcher(Executor):
         singles = [r for r in pending if r.pending.shape[1] > 1]
         if singles:
             return "prefill", [_Pass(r) for r in singles]
+        urgent = next((c for c in self._calls if c.urgent), None)
+        if urgent is not None:
+            self._calls.remove(urgent)
+            return "call", urgent
         step_ready = bool(pending) and (waited or not any(r.state == PRODUCING for r in rows))
         if self._calls and not (step_ready and self._last == "call"):
             return "call", self._calls.popleft()
@@ -311,7 +319,7 @@ class DecodeBatcher(Executor):
             super()._run(kind, items)
             return
         try:
-            with torch.inference_mode(), self.gate():
+            with torch.inference_mode(), self.timing(kind if kind == "prefill" else f"step {len(items)}"), self.gate():
                 if kind == "prefill":
                     results = {p.row.index: self.head(self.decoder(p.inputs, p.cache)) for p in items}
                 else:

@@ -109,7 +109,8 @@ class BenchDriver(Protocol):
     # `reference_order`, how it analyses the clip (e.g. its compute.reference).
     # Optional, for a model whose LM batches concurrent requests: `batch_width` (int, its
     # compute.batch) and `use_batch(on)`, which routes `lm` and `stream` through the batch
-    # (off for the single-request table, on for the --concurrency sweep).
+    # (off for the single-request table, on for the --concurrency sweep), and `loop_seconds()`,
+    # where its batch loop's time went so far by kind of work (runtime.executor.Executor.timings).
 
 
 def synchronize(device: torch.device) -> None:
@@ -369,18 +370,33 @@ def concurrent_run(driver: BenchDriver, settings: BenchSettings, clients: int) -
                 total += chunk.shape[-1]
         return (first if first is not None else float("nan")), total
 
+    loop = getattr(driver, "loop_seconds", lambda: {})
     _peak_reset(device)
     synchronize(device)
     _, lm_wall = run_clients(clients, lm)
+    before = loop()
     streams, wall = run_clients(clients, stream)
     synchronize(device)
+    after = loop()
     firsts = [f for f, _ in streams]
     return {"concurrency": clients, "wall_s": wall, "lm_wall_s": lm_wall,
             "lm_tokens_per_s": clients * settings.tokens / lm_wall,
             "audio_seconds_per_s": sum(n for _, n in streams) / driver.sample_rate / wall,
             "first_chunk_p50_ms": 1e3 * _percentile(firsts, 50),
             "first_chunk_p95_ms": 1e3 * _percentile(firsts, 95),
-            "peak_memory_bytes": peak_memory_bytes(device)[0]}
+            "peak_memory_bytes": peak_memory_bytes(device)[0],
+            "loop_s": {k: round(after[k] - before.get(k, 0.0), 6) for k in sorted(after)
+                       if after[k] > before.get(k, 0.0)}}
+
+
+def loop_groups(seconds: dict[str, float]) -> dict[str, float]:
+    """A loop's seconds by kind (`loop_s`) grouped as the sweep's table shows them: steps (all row
+    counts), prefill, flow, vocoder, idle and other (front end, LM inputs, a chunk's own work)."""
+    groups = dict.fromkeys(("steps", "prefill", "flow", "vocoder", "idle", "other"), 0.0)
+    for kind, t in seconds.items():
+        group = "steps" if kind.startswith("step") else kind
+        groups[group if group in groups else "other"] += t
+    return groups
 
 
 def concurrency_sweep(driver: BenchDriver, settings: BenchSettings, levels: Sequence[int]) -> list[dict[str, Any]]:
@@ -408,4 +424,12 @@ def format_concurrency(rows: Sequence[dict[str, Any]], width: int = 1) -> str:
         lines.append(f"{r['concurrency']:>7}  {r['lm_tokens_per_s']:>9.1f}  {r['audio_seconds_per_s']:>9.3f}  "
                      f"{r['first_chunk_p50_ms']:>10.0f} ms  {r['first_chunk_p95_ms']:>6.0f} ms  "
                      f"{r['peak_memory_bytes'] / 1024 ** 3:>5.2f} GiB")
+    looped = [r for r in rows if r.get("loop_s")]
+    if looped:
+        names = list(loop_groups({}))
+        lines += ["", "the batch loop's time during the streamed requests, seconds (--json: by kind, steps by rows busy)",
+                  f"{'clients':>7}  {'wall':>7}  " + "  ".join(f"{n:>7}" for n in names)]
+        for r in looped:
+            groups = loop_groups(r["loop_s"])
+            lines.append(f"{r['concurrency']:>7}  {r['wall_s']:>7.1f}  " + "  ".join(f"{groups[n]:>7.1f}" for n in names))
     return "\n".join(lines)

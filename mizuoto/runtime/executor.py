@@ -11,14 +11,19 @@ started out of line; a call already running goes on to its next stage call, wher
 stage gate sees the same lease (`running_lease`). A failure of the loop itself goes to every
 waiter and the loop goes on (`failures` counts them). close() answers whatever still waits and
 joins the thread.
+
+The loop keeps where its time went (`seconds`: by kind of work, and "idle"); a call names its
+kind when submitted, and work nested in a call (`timing`) is counted under its own kind only.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from mizuoto.errors import MizuotoError, RequestCancelled
@@ -32,8 +37,8 @@ JOIN_S = 10.0  # how long close() waits for the loop's current work (a pass or a
 class Call:
     """A function waiting for the executor's thread with its request's lease, and then its outcome."""
 
-    def __init__(self, fn: Callable[[], Any], lease: Lease | None) -> None:
-        self.fn, self.lease = fn, lease
+    def __init__(self, fn: Callable[[], Any], lease: Lease | None, kind: str = "call", urgent: bool = False) -> None:
+        self.fn, self.lease, self.kind, self.urgent = fn, lease, kind, urgent
         self.result: Any = None
         self.error: BaseException | None = None
         self.done = threading.Event()
@@ -57,13 +62,22 @@ class Executor:
         self._thread: threading.Thread | None = None
         self._calls: collections.deque[Call] = collections.deque()
         self._running: Call | None = None  # the call on the thread now: its lease is the stage gate's
+        self.seconds: collections.Counter[str] = collections.Counter()  # the loop's time by kind of work
+        self._nested = 0.0  # seconds of the current unit of work already counted under a nested kind
 
     # -- submitting -------------------------------------------------------------------------------
-    def call(self, fn: Callable[[], Any], lease: Lease | None = None) -> Any:
-        """fn() on the executor's thread (at once when already on it); its result, or its exception raised here."""
+    def call(self, fn: Callable[[], Any], lease: Lease | None = None, kind: str = "call", *,
+             urgent: bool = False) -> Any:
+        """fn() on the executor's thread (at once when already on it); its result, or its exception raised here.
+
+        `kind` names the work in the loop's `seconds` (e.g. "flow"); a call made on the thread
+        itself is counted under its kind, apart from the work it runs in. `urgent`: a request's
+        first audio, which a loop with other work to weigh it against may run first (the batch's).
+        """
         if threading.current_thread() is self._thread:
-            return fn()
-        job = Call(fn, lease)
+            with self.timing(kind):
+                return fn()
+        job = Call(fn, lease, kind, urgent)
         with self.cond:
             self.check_open()
             if lease is not None:
@@ -100,6 +114,27 @@ class Executor:
                 raise MizuotoError(f"{self.name}: the {self.label} ended without answering")
             if lease is not None:
                 lease.check(where)
+
+    @contextlib.contextmanager
+    def timing(self, kind: str) -> Iterator[None]:
+        """Count the block's time under `kind` (not under the work it runs in); only on the loop's thread."""
+        if threading.current_thread() is not self._thread:
+            yield
+            return
+        start, nested = time.perf_counter(), self._nested
+        try:
+            yield
+        finally:
+            elapsed = time.perf_counter() - start
+            inner = self._nested - nested  # already counted under kinds nested in this one
+            self._nested = nested + elapsed
+            with self.cond:  # timings() copies it from another thread
+                self.seconds[kind] += elapsed - inner
+
+    def timings(self) -> dict[str, float]:
+        """Seconds the loop spent so far by kind of work (its calls' kinds, its own, "idle")."""
+        with self.cond:
+            return dict(self.seconds)
 
     def rename(self, name: str) -> None:
         """Call it `name` from now on (its thread too)."""
@@ -146,9 +181,12 @@ class Executor:
     def _run(self, kind: str, item: Any) -> None:
         """Run one unit of work taken by `_work` (outside the condition)."""
         try:
-            item.finish(item.fn(), None)
+            with self.timing(item.kind):
+                result = item.fn()
         except BaseException as e:  # handed to the caller
             item.finish(None, e)
+        else:
+            item.finish(result, None)
 
     def _fail_work(self, kind: str, item: Any, error: BaseException) -> None:
         """The loop failed while running `item`: answer it (under the condition)."""
@@ -168,8 +206,9 @@ class Executor:
                 with self.cond:
                     waited = False
                     while not self.closed and (work := self._work(waited)) is None:
-                        timeout = self._idle_timeout()
+                        timeout, idle = self._idle_timeout(), time.perf_counter()
                         waited = not self.cond.wait(timeout) and timeout is not None
+                        self.seconds["idle"] += time.perf_counter() - idle
                     if self.closed:
                         return
                     self._running = work[1] if work[0] == "call" else None

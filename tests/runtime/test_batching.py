@@ -328,3 +328,41 @@ def test_a_cancel_ends_the_wait_for_the_next_token_and_for_a_rows_step_within_a_
         assert len(list(batcher.run(_greedy(decoder, 4, 5, seed=3, record=[])))) == 5  # served again
     finally:
         batcher.close()
+
+
+@torch.inference_mode()
+def test_a_requests_first_audio_runs_before_steps_and_earlier_calls(decoder):
+    """The loop's policy: prefills, then urgent calls (a request's first audio), then calls and steps in turn."""
+    batcher = DecodeBatcher(decoder, _head(decoder), WIDTH, contextlib.nullcontext, sampler=None)
+    order: list[str] = []
+    original = batcher._step
+
+    def step(items):
+        order.append("step")
+        return original(items)
+    batcher._step = step
+    entered, release = threading.Event(), threading.Event()
+    try:
+        tokens = batcher.run(_greedy(decoder, 4, 30, seed=1, record=[]))
+        next(tokens)
+        holder = threading.Thread(target=lambda: batcher.call(lambda: (order.append("held"), entered.set(),
+                                                                       release.wait(30))))
+        holder.start()
+        assert entered.wait(30)
+        later = threading.Thread(target=lambda: batcher.call(lambda: order.append("later"), kind="chunk"))
+        later.start()
+        _settle(lambda: len(batcher._calls) == 1)
+        first = threading.Thread(target=lambda: batcher.call(lambda: order.append("first"), kind="chunk", urgent=True))
+        first.start()
+        _settle(lambda: len(batcher._calls) == 2 and any(r is not None and r.state == "pending" for r in batcher.rows))
+        release.set()
+        for t in (holder, later, first):
+            t.join(30)
+        seq = order[order.index("held"):]  # the row stepped before the call was held
+        assert seq[:4] == ["held", "first", "step", "later"], seq[:6]
+        assert len(list(tokens)) == 29
+        t = batcher.timings()
+        assert t["chunk"] > 0 and t["call"] > 0 and any(k.startswith("step ") for k in t) and t["prefill"] > 0
+    finally:
+        release.set()
+        batcher.close()

@@ -15,6 +15,11 @@ from mizuoto.runtime import bench
 from mizuoto.errors import InvalidRequest
 
 
+FAKE_LOOP = {"step 1": 0.25, "step 3": 0.5, "prefill": 0.125, "flow": 1.0, "vocoder": 0.5, "chunk": 0.125,
+             "idle": 0.25}
+LOOP_LOCK = threading.Lock()
+
+
 class FakeDriver:
     """Stages that do a little real work and report fixed sizes."""
 
@@ -25,6 +30,7 @@ class FakeDriver:
         self.device = torch.device(options.device)
         self.args = (model_dir, random, settings, workdir)
         self.calls: list[str] = []
+        self.loop: dict[str, float] = {}
         self._thread()  # where it was built, then where each call ran
         if workdir is not None:  # --driver loads this file as its own module: report through a file
             (Path(workdir) / "args.json").write_text(json.dumps([random, str(workdir)]))
@@ -58,8 +64,15 @@ class FakeDriver:
 
     def stream(self, tokens):
         self._call("stream")
+        with LOOP_LOCK:
+            for kind, t in FAKE_LOOP.items():  # a batch loop's time by kind, per streamed request
+                self.loop[kind] = self.loop.get(kind, 0.0) + t
         for _ in range(3):
             yield torch.zeros(10)
+
+    def loop_seconds(self):
+        with LOOP_LOCK:
+            return dict(self.loop)
 
 
 def fake_factory(*args):
@@ -213,13 +226,20 @@ def test_concurrency_sweep_json(capsys, tmp_path):
                           "first_chunk_p95_ms", "peak_memory_bytes"}
         assert r["lm_tokens_per_s"] > 0 and r["audio_seconds_per_s"] > 0 and r["peak_memory_bytes"] > 0
         assert 0 <= r["first_chunk_p50_ms"] <= r["first_chunk_p95_ms"]
+        # the loop's time over the level's streamed requests only (not the warm-up's, nor the level before)
+        assert r["loop_s"] == {k: t * r["concurrency"] for k, t in sorted(FAKE_LOOP.items())}
     assert _calls(tmp_path).count("stream") == 1 + 1 + 3  # a warm-up request, then 1 and 3 at once
 
 
 def test_concurrency_table_and_bad_counts(capsys):
     run, args = _fake(["--concurrency", "2"])
     assert run(args) == 0
-    assert "one request at a time" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "one request at a time" in text
+    head = next(line for line in text.splitlines() if line.split()[:2] == ["clients", "wall"])
+    assert head.split()[2:] == ["steps", "prefill", "flow", "vocoder", "idle", "other"]
+    row = text.splitlines()[text.splitlines().index(head) + 1].split()
+    assert [float(x) for x in row[2:]] == [1.5, 0.2, 2.0, 1.0, 0.5, 0.2]  # two requests' worth, "chunk" as other
     with pytest.raises(InvalidRequest, match="positive counts"):
         run(_fake(["--concurrency", "0,2"])[1])
     with pytest.raises(SystemExit):

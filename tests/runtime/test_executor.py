@@ -92,3 +92,28 @@ def test_close_answers_what_waits_and_joins_the_thread():
     assert not ex.alive and _names() <= before
     with pytest.raises(RequestCancelled, match="closed"):
         ex.call(lambda: None)
+
+
+def test_the_loop_counts_its_time_by_kind_nested_kinds_apart(monkeypatch):
+    """`seconds`: each call under its kind, a call made inside another under its own kind only, idle apart."""
+    import types
+
+    from mizuoto.runtime import executor as module
+    now = [0.0]
+    monkeypatch.setattr(module, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+
+    def advance(s: float) -> None:
+        now[0] += s
+
+    ex = Executor("m")
+    try:
+        ex.call(lambda: (advance(2.0), ex.call(lambda: advance(5.0), kind="flow"), advance(1.0)), kind="chunk")
+        ex.call(lambda: advance(0.5))
+        t = ex.timings()
+        assert t["chunk"] == 3.0 and t["flow"] == 5.0 and t["call"] == 0.5
+        assert set(t) <= {"chunk", "flow", "call", "idle"}
+        with ex.timing("elsewhere"):  # off the loop's thread: counted nowhere
+            advance(7.0)
+        assert "elsewhere" not in ex.timings()
+    finally:
+        ex.close()

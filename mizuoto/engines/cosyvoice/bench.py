@@ -144,6 +144,10 @@ class CosyVoiceBench:
         """Route `lm` and `stream` through the model's LM batch (the --concurrency sweep) or not."""
         self._batched = bool(on) and self.model.batcher is not None
 
+    def loop_seconds(self) -> dict[str, float]:
+        """Where the model's batch loop spent its time so far, by kind of work (none without a batch)."""
+        return self.model.batcher.timings() if self.model.batcher is not None else {}
+
     def _request(self) -> dict[str, torch.Tensor]:
         model = self.model
         tok = model.frontend.tokenizer

@@ -325,7 +325,7 @@ class CosyVoiceModel(Model):
         def run() -> Any:
             with self.use("frontend", lease):
                 return fn()
-        return run() if self.batcher is None else self.batcher.call(run, lease)
+        return run() if self.batcher is None else self.batcher.call(run, lease, "frontend")
 
     def _voice(self, request: SynthesisRequest, need_text: bool, aligned: bool = True,
                lease: Any = None) -> dict[str, torch.Tensor]:

@@ -178,10 +178,11 @@ class Synthesizer:
         raw = self.lm_tokens(inputs, generator)
         yield from self.token_filter(raw) if self.token_filter else raw
 
-    def _on_compute_thread(self, fn: Callable[[], Any]) -> Any:
+    def _on_compute_thread(self, fn: Callable[[], Any], kind: str, urgent: bool = False) -> Any:
         """fn() here, or submitted with the request's lease to the batch loop when the LM batches (the
-        model's one compute thread; a call made on that thread runs at once)."""
-        return fn() if self.batcher is None else self.batcher.call(fn, self.lease)
+        model's one compute thread; a call made on that thread runs at once, its time counted under
+        `kind`); `urgent`: the request's first audio, which the loop runs ahead of its other work."""
+        return fn() if self.batcher is None else self.batcher.call(fn, self.lease, kind, urgent=urgent)
 
     def mel(self, token: torch.Tensor, inputs: dict[str, Any], *, streaming: bool, finalize: bool, cache: Any,
             generator: torch.Generator | None) -> tuple[torch.Tensor, Any]:
@@ -190,7 +191,8 @@ class Synthesizer:
         Its working memory is reserved first, in this thread, for the call's sizes (flow_call_sizes).
         """
         with self.room("flow", self.lease, **self.flow_call_sizes(token.shape[1], inputs)):
-            return self._on_compute_thread(lambda: self._mel(token, inputs, streaming, finalize, cache, generator))
+            return self._on_compute_thread(lambda: self._mel(token, inputs, streaming, finalize, cache, generator),
+                                           "flow")
 
     def flow_call_sizes(self, tokens: int, inputs: dict[str, Any]) -> dict[str, int]:
         """The flow call's sizes: tokens into its encoder (prompt and speech) and mel frames its decoder runs on."""
@@ -214,7 +216,7 @@ class Synthesizer:
                generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
         """The vocoder on `mel`; speech and source stay on the vocoder's device (its room reserved first)."""
         with self.room("hift", self.lease, frames=mel.shape[2]):
-            return self._on_compute_thread(lambda: self._speech(mel, cache_source, finalize, generator))
+            return self._on_compute_thread(lambda: self._speech(mel, cache_source, finalize, generator), "vocoder")
 
     def _speech(self, mel: torch.Tensor, cache_source: torch.Tensor | None, finalize: bool,
                 generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -298,7 +300,9 @@ class Synthesizer:
         sizes = self.flow_call_sizes(len(tokens), inputs)
         vocoded = int((sizes["frames"] + self.schedule.mel_cache_len) / min(speed, 1.0)) + 1
         with self.room("flow", self.lease, **sizes), self.room("hift", self.lease, frames=vocoded):
-            return self._on_compute_thread(here)
+            audio = self._on_compute_thread(here, "chunk", urgent=not state.chunks)
+        state.chunks += 1
+        return audio
 
     def _token2wav_here(self, tokens: list[int], inputs: dict[str, Any], state: "_State", gen: torch.Generator, *,
                         offset: int, streaming: bool, finalize: bool, speed: float = 1.0) -> torch.Tensor:
@@ -374,3 +378,4 @@ class _State:
         self.hift_cache: dict[str, torch.Tensor] | None = None
         self.mel_so_far: torch.Tensor | None = None
         self.speech_offset = 0
+        self.chunks = 0  # chunks made so far: the first is the request's first audio

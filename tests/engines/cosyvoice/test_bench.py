@@ -18,7 +18,7 @@ from mizuoto.engines.cosyvoice.bench import BLANK_EN, build_random_cosyvoice2
 from mizuoto.engines.cosyvoice.engine import CosyVoiceEngine
 from mizuoto.engines.cosyvoice.variants import find_variant
 from mizuoto.cli import main as cli
-from mizuoto.runtime.bench import BenchSettings
+from mizuoto.runtime.bench import BenchSettings, loop_groups
 from mizuoto.runtime.options import parse_options
 from mizuoto.testing.cosyvoice_cases import assemble_model_dir
 from mizuoto.testing.fixtures import asset_path, fixtures_root
@@ -60,6 +60,10 @@ def test_bench_concurrency_on_a_fixture_model(capsys, tmp_path, model_dir):
     for r in rows:
         assert r["lm_tokens_per_s"] > 0 and r["audio_seconds_per_s"] > 0 and r["peak_memory_bytes"] > 0
         assert 0 < r["first_chunk_p50_ms"] <= r["first_chunk_p95_ms"]
+        # where the batch loop's time went: every kind of its work, within the level's wall time
+        groups = loop_groups(r["loop_s"])
+        assert all(groups[k] > 0 for k in ("steps", "prefill", "flow", "vocoder", "other")), r["loop_s"]
+        assert sum(t for k, t in groups.items() if k != "idle") <= r["wall_s"]  # work units are within the level
     # the sweep batches the LM at its widest level unless told otherwise
     assert out["batch_width"] == 2 and out["options"]["batch"] == 2
     alone = _bench_json(capsys, ["-m", str(dest), "--tokens", "6", "--concurrency", "1,2",
@@ -68,6 +72,7 @@ def test_bench_concurrency_on_a_fixture_model(capsys, tmp_path, model_dir):
     # one request at a time: the second of two waits for the first, so its first chunk comes later
     rows = alone["concurrency"]
     assert rows[1]["first_chunk_p95_ms"] > rows[0]["first_chunk_p50_ms"]
+    assert all(r["loop_s"] == {} for r in rows)  # no batch loop: each request computes in its own thread
 
 
 @pytest.mark.parametrize("model_dir", QWEN_DIRS, ids=[p.parent.name for p in QWEN_DIRS])
