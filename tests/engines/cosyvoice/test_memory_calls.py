@@ -10,12 +10,16 @@ measured <= planned <= 1.3 x measured, except where the allocator keeps that fro
 
 - the vocoder, up to 1.4 x: the same call measures 17-25 MiB at 150-160 frames from one run to the
   next (glibc's arenas keep its many small buffers), so its figure covers the upper end;
-- a call measured under GRANULARITY (32 MiB) is held to measured <= planned + GRANULARITY and
-  planned <= 1.3 x GRANULARITY instead (the tiny models' LM calls, short flow and vocoder calls);
-  they are printed by stage and ratio. Below it the allocator's scatter is as wide as the band: a
-  58-frame vocoder call, whose tensors are under 1 MiB, once measured 20 MiB, and the CosyVoice 2
-  fixture's 306-frame streamed flow call measured 28, 30, 32 and 35 MiB in four fresh processes
-  (2026-12-04), a spread of 1.25 x that leaves no room for a figure within 1.3 x of each.
+- a call measured under GRANULARITY (24 MiB: a 58-frame vocoder call, whose tensors are under
+  1 MiB, once measured 20 MiB) is held to measured <= planned + GRANULARITY and planned <= 1.3 x
+  GRANULARITY instead (the tiny models' LM calls, short flow and vocoder calls); they are
+  printed by stage and ratio;
+- a measurement is low by up to SCATTER (8 MiB) when the call reuses memory its request's earlier
+  calls freed in glibc's arenas: the same streamed flow calls of the CosyVoice 2 fixture measured
+  16-19, 28-35, 70-76, 126-131 and 195-201 MiB (206 to 900 frames) in four fresh processes
+  (2026-12-04), and CI measured the 306-frame one at 28 MiB against 38 planned. So the upper
+  band is planned <= ratio x (measured + SCATTER); calls that need the SCATTER to pass are printed
+  by stage and ratio too. It matters below ~50 MiB only (2% of a 400 MiB call).
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ import pytest
 from mizuoto.runtime.bench_memory import SECONDS, MemoryCase, run_case_process
 
 RATIO = {"llm": 1.3, "flow": 1.3, "hift": 1.4}
-GRANULARITY = 32 << 20
+GRANULARITY = 24 << 20
+SCATTER = 8 << 20
 STREAMED_UP_TO = 15
 CASES = [MemoryCase(s, stream) for s in SECONDS for stream in (False, True) if not stream or s <= STREAMED_UP_TO]
 
@@ -55,7 +60,7 @@ def test_every_stage_call_is_planned_within_its_measured_peak(measured, variant_
     calls = measured[variant_dir]
     assert {c["stage"] for c in calls} == {"llm", "flow", "hift"}
     assert {(c["seconds"], c["stream"]) for c in calls} == {(c.seconds, c.stream) for c in CASES}
-    small, wrong = [], []
+    small, scattered, wrong = [], [], []
     for c in calls:
         where = f"{c['stage']} {MemoryCase(c['seconds'], c['stream']).label} {c['sizes']}"
         ratio = c["planned"] / max(c["measured"], 1)
@@ -63,10 +68,14 @@ def test_every_stage_call_is_planned_within_its_measured_peak(measured, variant_
             small.append(f"{where}: {ratio:.2f}")
             ok = c["measured"] <= c["planned"] + GRANULARITY and c["planned"] <= 1.3 * GRANULARITY
         else:
-            ok = 1.0 <= ratio <= RATIO[c["stage"]]
+            ok = c["measured"] <= c["planned"] <= RATIO[c["stage"]] * (c["measured"] + SCATTER)
+            if ok and ratio > RATIO[c["stage"]]:
+                scattered.append(f"{where}: {ratio:.2f}")
         if not ok:
             wrong.append(f"{where}: planned {c['planned'] >> 20} MiB, measured {c['measured'] >> 20} MiB ({ratio:.2f})")
     print(f"{variant_dir.parent.name}: {len(small)} calls under {GRANULARITY >> 20} MiB (planned/measured):",
           "; ".join(small))
+    print(f"{variant_dir.parent.name}: {len(scattered)} calls within their band only with the {SCATTER >> 20} MiB "
+          "scatter:", "; ".join(scattered))
     assert not wrong, "\n".join(wrong)
     assert any(c["measured"] >= GRANULARITY for c in calls if c["stage"] == "flow"), "no flow call large enough to check"
