@@ -16,6 +16,7 @@ from typing import Any, Union
 import torch
 
 from mizuoto.errors import AudioError, InvalidRequest
+from mizuoto.runtime.executor import Executor  # public here: a model running several requests at once brings one
 
 # Synthesis modes (see docs/architecture.md):
 #   preset        speak as a preset speaker the model ships (voice = preset id)
@@ -324,8 +325,10 @@ class Model(abc.ABC):
     # Requests the model runs at once: above 1 its sequence stage batches them (runtime.batching)
     # and its stage calls take turns (one `use` block at a time).
     batch_width: int = 1
-    # A batched model's own executor (its batch loop): the engine submits its stage calls there
-    # with the request's lease. None: the runtime runs each step of `synthesize`'s iterator on an
+    # The model's own executor (`Executor`; a batched LM's is its batch loop): the engine submits its
+    # stage calls there with the request's lease (`executor.call(fn, lease, kind)`), and each
+    # request's `synthesize` runs in the request's own thread, so a request waiting for streamed
+    # text holds no compute turn. None: the runtime runs each step of `synthesize`'s iterator on an
     # executor of its own, one request at a time.
     executor: Any = None
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mizuoto.runtime.engine import AudioChunk, Capabilities, Engine, Model, Stage, SynthesisRequest, Voice
+from mizuoto.runtime.engine import AudioChunk, Capabilities, Engine, Executor, Model, Stage, SynthesisRequest, Voice
 from mizuoto.errors import InvalidRequest, ModelLoadError
 from mizuoto_piper.noise import NOISE_INPUT, draw, make_seedable
 from mizuoto_piper.phonemize import phonemize
@@ -44,6 +44,13 @@ IDS_PER_CHAR = 3.0  # ids per input character, an upper estimate for the request
 NOISE_PER_ID = 1024
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
+
+# Requests a voice runs at once (at least; the load option compute.batch may raise it). A request
+# keeps its state (its sentences, seed and part index) in its own iterator and a VITS run reads
+# only its own inputs, so requests interleave without changing a sample: their runs take turns on
+# the voice's one compute thread (Model.executor), and a request waiting for streamed text, in its
+# own thread, holds no turn (a session dripping text no longer holds the voice from the others).
+INTERLEAVED = 8
 
 
 def vits_bytes(onnx_bytes: int, ids: float) -> int:
@@ -90,7 +97,7 @@ def _sentences(pieces: Iterable[str]) -> Iterator[str]:
 class PiperModel(Model):
     """One loaded Piper voice."""
 
-    def __init__(self, onnx_path: Path, config: VoiceConfig, session: Any, noises: int):
+    def __init__(self, onnx_path: Path, config: VoiceConfig, session: Any, noises: int, width: int = INTERLEAVED):
         self.config = config
         self.session = session
         self.onnx_bytes = onnx_path.stat().st_size
@@ -102,6 +109,8 @@ class PiperModel(Model):
         )
         self.capabilities = Capabilities(modes=frozenset({"preset"}), sample_rate=config.sample_rate, stream_out=True,
                                   stream_in=True, languages=(config.language,) if config.language else ())
+        self.batch_width = width
+        self.executor = Executor(f"piper-{onnx_path.stem}")
 
 
     def voices(self) -> list[Voice]:
@@ -121,7 +130,11 @@ class PiperModel(Model):
             return None
         return self.config.speakers[voice]
 
-    def _run(self, ids: list[int], speaker: int | None, speed: float, seed: int, part: int) -> torch.Tensor:
+    def _run(self, ids: list[int], speaker: int | None, speed: float, seed: int, part: int, lease: Any) -> torch.Tensor:
+        """One VITS run, on the voice's compute thread in its turn."""
+        return self.executor.call(lambda: self._vits(ids, speaker, speed, seed, part, lease), lease, "vits")
+
+    def _vits(self, ids: list[int], speaker: int | None, speed: float, seed: int, part: int, lease: Any) -> torch.Tensor:
         c = self.config
         length_scale = c.length_scale / speed
         feeds = {"input": np.asarray([ids], dtype=np.int64),
@@ -132,7 +145,7 @@ class PiperModel(Model):
         size = len(ids) * NOISE_PER_ID * max(1, math.ceil(length_scale))
         for k in range(self._noises):
             feeds[NOISE_INPUT.format(k)] = draw(seed, part, k, size)
-        with self.use("vits"):
+        with self.use("vits", lease):
             for _ in range(2):  # a second run only when some noise input was too short
                 out, *needs = self.session.run(None, feeds)
                 short = [k for k, n in enumerate(needs) if int(n) > feeds[NOISE_INPUT.format(k)].size]
@@ -142,32 +155,33 @@ class PiperModel(Model):
                     feeds[NOISE_INPUT.format(k)] = draw(seed, part, k, int(needs[k]))
         return torch.from_numpy(np.ascontiguousarray(out.reshape(-1), dtype=np.float32))
 
-    def _audio(self, request: SynthesisRequest) -> Iterator[torch.Tensor]:
-        """Audio per sentence (or per part of an over-long sentence)."""
+    def _audio(self, request: SynthesisRequest, lease: Any) -> Iterator[torch.Tensor]:
+        """Audio per sentence (or per part of an over-long sentence); streamed text is waited for here."""
         speaker = self._speaker(request.voice)
         seed = request.seed if request.seed is not None else secrets.randbits(63)
         text = [request.text] if isinstance(request.text, str) else request.text
         limit = run_limit(self.config.length_scale / request.speed)
         index = 0
         for sentence in _sentences(text):
-            with self.use("phonemes"):
+            with self.use("phonemes", lease):
                 phonemes = phonemize(sentence, self.config.espeak_voice)
             for p in phonemes:
                 for part in _split_long(p, self.config, limit):
-                    yield self._run(self.config.ids(part), speaker, request.speed, seed, index)
+                    yield self._run(self.config.ids(part), speaker, request.speed, seed, index, lease)
                     index += 1
 
-    def synthesize(self, request: SynthesisRequest) -> Iterator[AudioChunk]:
+    def synthesize(self, request: SynthesisRequest, lease: Any = None) -> Iterator[AudioChunk]:
+        """The request's audio, a chunk per sentence when streaming; `lease` (the runtime's) bounds each wait."""
         rate = self.config.sample_rate
         if not request.stream:
-            audio = list(self._audio(request))
+            audio = list(self._audio(request, lease))
             if not audio:
                 raise InvalidRequest("text has nothing to say (no words)")
-            yield AudioChunk(torch.cat(audio), rate, 0, True)
+            yield AudioChunk(torch.from_numpy(np.concatenate([a.numpy() for a in audio])), rate, 0, True)
             return
         # Held back by one so the last chunk can carry final=True.
         ready, index = None, 0
-        for audio in self._audio(request):
+        for audio in self._audio(request, lease):
             if ready is not None:
                 yield AudioChunk(ready, rate, index, False)
                 index += 1
@@ -177,6 +191,7 @@ class PiperModel(Model):
         yield AudioChunk(ready, rate, index, True)
 
     def close(self) -> None:
+        self.executor.close()  # answers what still waits and joins its thread
         self.session = None
 
 
@@ -237,4 +252,5 @@ class PiperEngine(Engine):
         missing = {"input", "input_lengths", "scales"} - {i.name for i in session.get_inputs()}
         if missing:
             raise ModelLoadError(f"{onnx_path} is not a Piper VITS export: inputs {sorted(missing)} are missing")
-        return PiperModel(onnx_path, config, session, noises)
+        width = max(INTERLEAVED, int(getattr(getattr(options, "compute", None), "batch", 1) or 1))
+        return PiperModel(onnx_path, config, session, noises, width)

@@ -181,3 +181,35 @@ def test_detect_and_load_errors(tmp_path):
     (tmp_path / "v.onnx").write_bytes(b"x")
     (tmp_path / "v.onnx.json").write_text(json.dumps({"audio": {"sample_rate": 22050}}))
     assert not engine.detect(tmp_path)
+
+
+def test_a_request_waiting_for_streamed_text_holds_the_voice_from_no_one(rt):
+    """Requests interleave: one whose streamed text has not come holds no turn, and a request after it
+    finishes meanwhile (it waited for the first's text deadline before: issue 29's dripping sessions)."""
+    import threading
+
+    from mizuoto.runtime.lease import Lease
+
+    waiting, more = threading.Event(), threading.Event()
+
+    def pieces():
+        yield "First sentence. "
+        waiting.set()  # the voice has the first sentence; the rest comes when the test says
+        assert more.wait(30)
+        yield "Second one."
+
+    out: dict = {}
+    first = threading.Thread(target=lambda: out.setdefault(
+        "first", list(rt.synthesize("piper", pieces(), voice="joe", stream=True, seed=3))))
+    first.start()
+    try:
+        assert waiting.wait(30)
+        alone = list(rt.synthesize("piper", TEXT, voice="joe", seed=1, lease=Lease(timeout=20)))
+        assert not out and len(alone) == 1 and alone[0].samples.numel() > 0  # done while the first waits
+    finally:
+        more.set()
+        first.join(30)
+    assert [c.final for c in out["first"]] == [False, True]
+    again = list(rt.synthesize("piper", "First sentence. Second one.", voice="joe", stream=True, seed=3))
+    assert all(torch.equal(a.samples, b.samples) for a, b in zip(out["first"], again))  # interleaving changed nothing
+    assert torch.equal(alone[0].samples, list(rt.synthesize("piper", TEXT, voice="joe", seed=1))[0].samples)
