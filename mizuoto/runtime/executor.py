@@ -12,7 +12,7 @@ stage gate sees the same lease (`running_lease`). A failure of the loop itself g
 waiter and the loop goes on (`failures` counts them). close() answers whatever still waits and
 joins the thread.
 
-The loop keeps where its time went (`seconds`: by kind of work, and "idle"); a call names its
+The loop keeps where its time went (`timings()`: by kind of work, and "idle"); a call names its
 kind when submitted, and work nested in a call (`timing`) is counted under its own kind only.
 """
 
@@ -62,7 +62,7 @@ class Executor:
         self._thread: threading.Thread | None = None
         self._calls: collections.deque[Call] = collections.deque()
         self._running: Call | None = None  # the call on the thread now: its lease is the stage gate's
-        self.seconds: collections.Counter[str] = collections.Counter()  # the loop's time by kind of work
+        self._seconds: collections.Counter[str] = collections.Counter()  # the loop's time by kind of work
         self._nested = 0.0  # seconds of the current unit of work already counted under a nested kind
 
     # -- submitting -------------------------------------------------------------------------------
@@ -70,7 +70,7 @@ class Executor:
              urgent: bool = False) -> Any:
         """fn() on the executor's thread (at once when already on it); its result, or its exception raised here.
 
-        `kind` names the work in the loop's `seconds` (e.g. "flow"); a call made on the thread
+        `kind` names the work in the loop's `timings()` (e.g. "flow"); a call made on the thread
         itself is counted under its kind, apart from the work it runs in. `urgent`: a request's
         first audio, which a loop with other work to weigh it against may run first (the batch's).
         """
@@ -129,12 +129,12 @@ class Executor:
             inner = self._nested - nested  # already counted under kinds nested in this one
             self._nested = nested + elapsed
             with self.cond:  # timings() copies it from another thread
-                self.seconds[kind] += elapsed - inner
+                self._seconds[kind] += elapsed - inner
 
     def timings(self) -> dict[str, float]:
         """Seconds the loop spent so far by kind of work (its calls' kinds, its own, "idle")."""
         with self.cond:
-            return dict(self.seconds)
+            return dict(self._seconds)
 
     def rename(self, name: str) -> None:
         """Call it `name` from now on (its thread too)."""
@@ -208,7 +208,7 @@ class Executor:
                     while not self.closed and (work := self._work(waited)) is None:
                         timeout, idle = self._idle_timeout(), time.perf_counter()
                         waited = not self.cond.wait(timeout) and timeout is not None
-                        self.seconds["idle"] += time.perf_counter() - idle
+                        self._seconds["idle"] += time.perf_counter() - idle
                     if self.closed:
                         return
                     self._running = work[1] if work[0] == "call" else None

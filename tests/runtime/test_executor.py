@@ -2,10 +2,12 @@
 
 import threading
 import time
+import types
 
 import pytest
 
 from mizuoto.errors import MizuotoError, RequestCancelled
+from mizuoto.runtime import executor as module
 from mizuoto.runtime.executor import Executor
 from mizuoto.runtime.lease import Lease
 from mizuoto.testing.waits import cancel_during
@@ -95,10 +97,7 @@ def test_close_answers_what_waits_and_joins_the_thread():
 
 
 def test_the_loop_counts_its_time_by_kind_nested_kinds_apart(monkeypatch):
-    """`seconds`: each call under its kind, a call made inside another under its own kind only, idle apart."""
-    import types
-
-    from mizuoto.runtime import executor as module
+    """`timings()`: each call under its kind, a call made inside another under its own kind only, idle apart."""
     now = [0.0]
     monkeypatch.setattr(module, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
 

@@ -2,6 +2,7 @@
 
 import ast
 import json
+import threading
 from importlib import metadata
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 from mizuoto.runtime.api import Runtime
+from mizuoto.runtime.lease import Lease
 from mizuoto.errors import InvalidRequest, ModelLoadError
 
 TEXT = "The quick brown fox jumps over the lazy dog."
@@ -186,10 +188,6 @@ def test_detect_and_load_errors(tmp_path):
 def test_a_request_waiting_for_streamed_text_holds_the_voice_from_no_one(rt):
     """Requests interleave: one whose streamed text has not come holds no turn, and a request after it
     finishes meanwhile (it waited for the first's text deadline before: issue 29's dripping sessions)."""
-    import threading
-
-    from mizuoto.runtime.lease import Lease
-
     waiting, more = threading.Event(), threading.Event()
 
     def pieces():
