@@ -25,4 +25,5 @@ def CONTRACT_MODELS():
     dirs = [p for p in root.glob("*/*/*") if p.is_dir()] + [p for p in root.glob("*/*") if p.is_dir()]
     examples = Registry().example_models()
     assert examples, "no plugin offers an example model (mizuoto-piper's default voice is expected)"
-    return [write_model(_TMP / "tone"), *examples] + sorted(dirs)
+    # a parent of a fixed name: the case id (parent/name) is the same in every process (pytest-xdist workers)
+    return [write_model(_TMP / "toy" / "tone"), *examples] + sorted(dirs)
