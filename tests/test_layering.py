@@ -57,7 +57,7 @@ def _in(module: str, *layers: str) -> bool:
 
 
 def test_the_source_tree_was_read():
-    assert len(GRAPH) > 50 and "mizuoto.runtime.api" in GRAPH and "mizuoto.nn.lm.qwen" in GRAPH
+    assert len(GRAPH) > 50 and "mizuoto.runtime.api" in GRAPH and "mizuoto.nn.lm.decoder" in GRAPH
 
 
 @pytest.mark.parametrize("layer", ["nn", "text"])

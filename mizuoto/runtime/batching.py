@@ -51,7 +51,7 @@ from mizuoto.runtime.decode import BatchStep
 from mizuoto.runtime.executor import JOIN_S, Executor
 from mizuoto.runtime.lease import POLL_S, Lease
 from mizuoto.nn.lm.packed_linear import pack_linears
-from mizuoto.nn.lm.qwen import QwenDecoder
+from mizuoto.nn.lm.decoder import Decoder
 from mizuoto.nn.lm.sampling import FastSampler
 
 log = logging.getLogger("mizuoto.runtime")
@@ -161,7 +161,7 @@ class DecodeBatcher(Executor):
     label = "LM batch loop"
     thread_suffix = "batch"
 
-    def __init__(self, decoder: QwenDecoder, head: Callable[[torch.Tensor], torch.Tensor], width: int,
+    def __init__(self, decoder: Decoder, head: Callable[[torch.Tensor], torch.Tensor], width: int,
                  gate: Callable[[], contextlib.AbstractContextManager], sampler: Any, name: str = "lm",
                  pack: bool = True, cuda_graphs: bool = False) -> None:
         if width < 2:
@@ -170,7 +170,8 @@ class DecodeBatcher(Executor):
         self.decoder, self.head, self.width, self.gate = decoder, head, width, gate
         fast = decoder.embed_tokens.weight.device.type == "cuda"
         self._pack = pack
-        self.batch_step = BatchStep(decoder, head, width, graphs=cuda_graphs)  # step_rows unless captured
+        # step_rows unless captured (a GPT-2 decoder's learned positions are not in the graphed segments)
+        self.batch_step = BatchStep(decoder, head, width, graphs=cuda_graphs and not decoder.config.learned_positions)
         self.packed = 0  # layers packed, once the loop has started (CPU float32 only)
         self.sampler = FastSampler.like(sampler) if fast else sampler
         self.rows: list[Row | None] = [None] * width

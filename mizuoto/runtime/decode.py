@@ -11,7 +11,7 @@ step (`BatchStep`) is cut the same way at its fixed width, with each row's cache
 and attention between the graphs.
 
 Where graphs can't run (or are off) `GraphDecodeStep` runs the same ops eagerly, which is how
-it is tested on the CPU against `QwenDecoder.forward`; `BatchStep` is then `step_rows`.
+it is tested on the CPU against `Decoder.forward`; `BatchStep` is then `step_rows`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 
 from mizuoto.runtime.graphs import GraphedCallable, new_pool, unavailable_reason, use_cuda_graphs
 from mizuoto.nn.lm.kv_cache import StaticKVCache
-from mizuoto.nn.lm.qwen import QwenDecoder, attend
+from mizuoto.nn.lm.decoder import Decoder, attend
 from mizuoto.nn.lm.sampling import FastSampler, nucleus_draw, random_draw
 
 
@@ -35,7 +35,7 @@ class GraphDecodeStep:
     autocast context as the eager decode; prefill with `decoder(inputs, cache)` first.
     """
 
-    def __init__(self, decoder: QwenDecoder, cache: StaticKVCache,
+    def __init__(self, decoder: Decoder, cache: StaticKVCache,
                  head: Callable[[torch.Tensor], torch.Tensor], *, graphs: bool = True,
                  pool: object | None = None) -> None:
         if not isinstance(cache, StaticKVCache):
@@ -127,13 +127,13 @@ class GraphDecodeStep:
 
 
 class BatchStep:
-    """`step(x, caches) -> scores (W, V)`: `QwenDecoder.step_rows` + `head` at a fixed width W, as CUDA graphs
+    """`step(x, caches) -> scores (W, V)`: `Decoder.step_rows` + `head` at a fixed width W, as CUDA graphs
     where they can run (`graphs`, on CUDA), else eagerly.
 
     x is (W, 1, hidden), row r after `caches[r]` (None: an empty row). What treats every row the
     same (RoPE, norms, projections, MLP, the head) is L + 1 graphs at width W, as in
     `GraphDecodeStep`; between them each row's cache write and attention run eagerly over that
-    row's own cache, dynamic or static (`QwenDecoder.attend_rows`), so a step computes what
+    row's own cache, dynamic or static (`Decoder.attend_rows`), so a step computes what
     `step_rows` computes, op for op. The graphs are captured at the first step and read the
     weights where they were then: a step after the decoder's parameters moved (a stage evicted
     and brought back) captures them again. Where graphs can't run (or their capture failed) a
@@ -141,7 +141,7 @@ class BatchStep:
     step.
     """
 
-    def __init__(self, decoder: QwenDecoder, head: Callable[[torch.Tensor], torch.Tensor], width: int,
+    def __init__(self, decoder: Decoder, head: Callable[[torch.Tensor], torch.Tensor], width: int,
                  *, graphs: bool = True) -> None:
         self.decoder, self.head, self.width, self.graphs = decoder, head, width, graphs
         self.layers = decoder.config.num_hidden_layers
@@ -282,7 +282,7 @@ class DecodeSteps:
     Multi-token inputs (prefills, streamed text) always run eagerly.
     """
 
-    def __init__(self, decoder: QwenDecoder, cache, head: Callable[[torch.Tensor], torch.Tensor],
+    def __init__(self, decoder: Decoder, cache, head: Callable[[torch.Tensor], torch.Tensor],
                  sampler, *, cuda_graphs: bool = False, fast: bool | None = None,
                  what: str = "the LM") -> None:
         device = decoder.embed_tokens.weight.device
@@ -290,6 +290,8 @@ class DecodeSteps:
         fast = device.type == "cuda" if fast is None else fast
         self.sampler = FastSampler.like(sampler) if fast else sampler
         why_not = None if isinstance(cache, StaticKVCache) else "it needs compute.kv_cache=static"
+        if decoder.config.learned_positions:  # the graphed segments take RoPE tables, not position embeddings
+            why_not = "a decoder with learned positions (GPT-2) decodes eagerly"
         self.graphs = use_cuda_graphs(cuda_graphs, device, what, why_not)
         self.step: GraphDecodeStep | None = None
 

@@ -15,20 +15,20 @@ import torch
 
 from mizuoto.errors import MizuotoError, RequestCancelled
 from mizuoto.nn.lm.kv_cache import DynamicKVCache
-from mizuoto.nn.lm.qwen import QwenConfig, QwenDecoder
+from mizuoto.nn.lm.decoder import DecoderConfig, Decoder
 from mizuoto.runtime.batching import DecodeBatcher
 from mizuoto.runtime.lease import Lease
 from mizuoto.testing.waits import cancel_during
 
 WIDTH = 4
-CFG = QwenConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+CFG = DecoderConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=97)
 
 
 @pytest.fixture
 def decoder():
     torch.manual_seed(0)
-    dec = QwenDecoder(CFG).eval()
+    dec = Decoder(CFG).eval()
     for p in dec.parameters():
         torch.nn.init.normal_(p, std=0.2)
     return dec

@@ -1,6 +1,6 @@
 """A continuous batch's graphed step (runtime.decode.BatchStep) on the CPU.
 
-Uncaptured it is `QwenDecoder.step_rows` + the head; captured it must compute the same, bit for
+Uncaptured it is `Decoder.step_rows` + the head; captured it must compute the same, bit for
 bit. Its captured form is checked here with a stand-in for a CUDA graph that behaves like one (a replay
 reruns the captured function on the static inputs and overwrites the static outputs): that
 exercises the static buffers, their chaining from graph to graph and the recapture after the
@@ -16,7 +16,7 @@ import torch
 
 import mizuoto.runtime.decode as decode
 import mizuoto.runtime.graphs as graphs
-from mizuoto.nn.lm.qwen import QwenConfig, QwenDecoder
+from mizuoto.nn.lm.decoder import DecoderConfig, Decoder
 from mizuoto.runtime.batching import DecodeBatcher
 from mizuoto.runtime.decode import BatchStep
 from mizuoto.runtime.graphs import GraphedCallable
@@ -24,22 +24,22 @@ from mizuoto.runtime.graphs import GraphedCallable
 WIDTH = 4
 
 
-def _decoder(layers: int) -> QwenDecoder:
+def _decoder(layers: int) -> Decoder:
     torch.manual_seed(0)
-    cfg = QwenConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
+    cfg = DecoderConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
                      num_key_value_heads=2, vocab_size=50)
-    dec = QwenDecoder(cfg).eval()
+    dec = Decoder(cfg).eval()
     with torch.no_grad():
         for p in dec.parameters():
             p.normal_(0, 0.2)
     return dec
 
 
-def _head(dec: QwenDecoder):
+def _head(dec: Decoder):
     return lambda h: dec.logits(h[:, -1]).log_softmax(dim=-1).squeeze(0)
 
 
-def _caches(dec: QwenDecoder, kinds: list[str | None], seed: int) -> list:
+def _caches(dec: Decoder, kinds: list[str | None], seed: int) -> list:
     """One cache per row (None: an empty row), each prefilled with its own random prompt."""
     g = torch.Generator().manual_seed(seed)
     caches = []
@@ -53,7 +53,7 @@ def _caches(dec: QwenDecoder, kinds: list[str | None], seed: int) -> list:
     return caches
 
 
-def _steps(step, dec: QwenDecoder, caches: list, n: int, join_at: int | None = None,
+def _steps(step, dec: Decoder, caches: list, n: int, join_at: int | None = None,
            leave_at: int | None = None) -> list[torch.Tensor]:
     """n steps; each row's next input is the embedding of its argmax; an empty row joins at `join_at`,
     the first row leaves at `leave_at`."""
@@ -74,7 +74,7 @@ def _steps(step, dec: QwenDecoder, caches: list, n: int, join_at: int | None = N
     return out
 
 
-def _reference(dec: QwenDecoder):
+def _reference(dec: Decoder):
     head = _head(dec)
     return lambda x, caches: head(dec.step_rows(x, caches)).reshape(WIDTH, -1)
 

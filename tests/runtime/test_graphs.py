@@ -9,7 +9,7 @@ import torch
 
 from mizuoto.runtime.graphs import GraphedCallable, new_pool, unavailable_reason, use_cuda_graphs
 from mizuoto.runtime.decode import DecodeSteps, GraphDecodeStep, GraphDraw
-from mizuoto.nn.lm.qwen import QwenConfig, QwenDecoder
+from mizuoto.nn.lm.decoder import DecoderConfig, Decoder
 from mizuoto.nn.lm.sampling import FastSampler
 
 
@@ -54,11 +54,11 @@ def test_graphed_callable_passes_the_generator_when_random():
     assert torch.equal(got, want)
 
 
-def _tiny_decoder(tie: bool) -> QwenDecoder:
+def _tiny_decoder(tie: bool) -> Decoder:
     torch.manual_seed(0)
-    cfg = QwenConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+    cfg = DecoderConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
                      num_key_value_heads=2, vocab_size=50, tie_word_embeddings=tie)
-    dec = QwenDecoder(cfg).eval()
+    dec = Decoder(cfg).eval()
     with torch.no_grad():
         for p in dec.parameters():
             p.normal_(0, 0.2)
@@ -135,7 +135,7 @@ def test_a_capture_that_fails_falls_back_to_eager(monkeypatch, caplog):
         assert torch.equal(step(x), head(dec(x, ref_cache)))
 
 
-def _decode(steps: DecodeSteps, dec: QwenDecoder, prompt: torch.Tensor, n: int, generator) -> list[int]:
+def _decode(steps: DecodeSteps, dec: Decoder, prompt: torch.Tensor, n: int, generator) -> list[int]:
     out: list[int] = []
     x = prompt
     with torch.inference_mode():

@@ -21,7 +21,7 @@ from mizuoto.nn.transformer.wenet import ConformerEncoder, TransformerEncoder
 from mizuoto.errors import InvalidRequest, MizuotoError, ModelLoadError
 from mizuoto.runtime.convert.checkpoint import load_checkpoint, read_checkpoint
 from mizuoto.runtime.decode import DecodeSteps
-from mizuoto.nn.lm.qwen import QwenConfig, QwenDecoder
+from mizuoto.nn.lm.decoder import DecoderConfig, Decoder
 
 VARIANTS = ("Qwen2LM", "CosyVoice3LM")  # on a Qwen2 decoder
 V1_VARIANT = "TransformerLM"
@@ -69,7 +69,7 @@ def _row(tokens: torch.Tensor | None, name: str) -> torch.Tensor:
 class QwenSpeechLM(nn.Module):
     """Qwen2LM / CosyVoice3LM: parameter names are upstream's except `llm.model.model.` -> `llm.`."""
 
-    def __init__(self, variant: str, qwen: QwenConfig, llm_input_size: int, llm_output_size: int,
+    def __init__(self, variant: str, qwen: DecoderConfig, llm_input_size: int, llm_output_size: int,
                  speech_token_size: int, sampler: Sampler, mix_ratio: tuple[int, int] = (5, 15)) -> None:
         super().__init__()
         if variant not in VARIANTS:
@@ -81,7 +81,7 @@ class QwenSpeechLM(nn.Module):
         self.speech_token_size = n = speech_token_size
         self.sampler = sampler
         self.mix_ratio = (int(mix_ratio[0]), int(mix_ratio[1]))  # text : prompt speech, bistream
-        self.llm = QwenDecoder(qwen)
+        self.llm = Decoder(qwen)
         if variant == "Qwen2LM":
             self.llm_embedding = nn.Embedding(2, llm_input_size)
             self.llm_decoder = nn.Linear(llm_output_size, n + 3)
@@ -403,7 +403,10 @@ def build_lm(llm_node, model_dir: str | Path) -> nn.Module:
         sizes = {k: int(llm_node[k]) for k in ("llm_input_size", "llm_output_size", "speech_token_size")}
     except KeyError as exc:
         raise ModelLoadError(f"llm: missing {exc.args[0]!r} in the yaml") from None
-    qwen = QwenConfig.from_json(Path(model_dir) / "CosyVoice-BlankEN" / "config.json")
+    config = Path(model_dir) / "CosyVoice-BlankEN" / "config.json"
+    qwen = DecoderConfig.from_json(config)
+    if qwen.arch != "qwen2":  # upstream builds Qwen2ForCausalLM from it, whatever it says
+        raise ModelLoadError(f"{config}: model_type {qwen.arch!r} is not qwen2")
     sampling = llm_node.get("sampling")
     if sampling is None:
         raise ModelLoadError("llm: missing 'sampling' in the yaml")

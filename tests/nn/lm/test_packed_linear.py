@@ -10,16 +10,16 @@ from torch import nn
 
 from mizuoto.nn.lm import packed_linear
 from mizuoto.nn.lm.packed_linear import BLOCK, PackedLinear, pack_linears, packing_available
-from mizuoto.nn.lm.qwen import QwenConfig, QwenDecoder
+from mizuoto.nn.lm.decoder import DecoderConfig, Decoder
 from mizuoto.runtime.memory import tensor_bytes
 
-CFG = QwenConfig(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+CFG = DecoderConfig(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=50)
 
 
-def _decoder() -> QwenDecoder:
+def _decoder() -> Decoder:
     torch.manual_seed(0)
-    return QwenDecoder(CFG).eval()
+    return Decoder(CFG).eval()
 
 
 @torch.inference_mode()

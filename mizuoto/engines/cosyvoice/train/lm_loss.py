@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence, unpad_sequence
 from torch.utils.checkpoint import checkpoint
 
-from mizuoto.nn.lm.qwen import QwenDecoder, attend
+from mizuoto.nn.lm.decoder import Decoder, attend
 from mizuoto.nn.transformer.masks import make_pad_mask
 
 IGNORE_ID = -1
@@ -44,12 +44,12 @@ def causal_mask_451(valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | N
     return mask
 
 
-def _qwen_layer(dec: QwenDecoder, i: int, x, cos, sin, mask):
+def _qwen_layer(dec: Decoder, i: int, x, cos, sin, mask):
     q, k, v = dec.layer_pre(i, x, cos, sin)
     return dec.layer_post(i, x, attend(q, k, v, dec.n_rep, dec.scale, mask))
 
 
-def qwen_hidden(dec: QwenDecoder, xs: torch.Tensor, lengths: torch.Tensor, checkpointing: bool = False) -> torch.Tensor:
+def qwen_hidden(dec: Decoder, xs: torch.Tensor, lengths: torch.Tensor, checkpointing: bool = False) -> torch.Tensor:
     """Qwen2Model's last hidden states (normed) of padded inputs, as upstream's Qwen2Encoder.forward."""
     t = xs.size(1)
     valid = ~make_pad_mask(lengths, t)
