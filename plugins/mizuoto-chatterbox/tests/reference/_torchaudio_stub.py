@@ -23,6 +23,7 @@ in the shared frontend fixtures.
 
 from __future__ import annotations
 
+import importlib.machinery
 import math
 import sys
 import types
@@ -224,5 +225,7 @@ def install() -> None:
     kaldi.fbank = fbank
     compliance.kaldi = kaldi
     ta.transforms, ta.compliance = transforms, compliance
+    for mod in (ta, transforms, compliance, kaldi):  # importlib.util.find_spec needs a spec
+        mod.__spec__ = importlib.machinery.ModuleSpec(mod.__name__, None)
     sys.modules.update({"torchaudio": ta, "torchaudio.transforms": transforms,
                         "torchaudio.compliance": compliance, "torchaudio.compliance.kaldi": kaldi})
