@@ -2,6 +2,7 @@
 
 Run with the reference environment: /work/cbref/bin/python check_torchaudio_stub.py [FIXTURES]
 (FIXTURES defaults to $MIZUOTO_FIXTURES or ../shared/fixtures from the repository root).
+Like record.py it re-executes itself with MKL on its Intel code paths, as the references were made.
 For every clip: Resample to each recorded rate (`resampled_<rate>`) and kaldi fbank of the
 16 kHz signal (`kaldi_fbank`), reported as bit-equal or by max abs difference.
 """
@@ -16,9 +17,11 @@ from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _torchaudio_stub as ta  # noqa: E402
+from record import _reexec_with_mkl_shim  # noqa: E402
 
 
 def main() -> int:
+    _reexec_with_mkl_shim()
     root = Path(sys.argv[1] if len(sys.argv) > 1 else os.environ.get("MIZUOTO_FIXTURES", "../shared/fixtures"))
     manifest = json.loads((root / "frontend" / "manifest.json").read_text())
     torch.set_num_threads(2)

@@ -25,7 +25,6 @@ so FFT/GEMM rounding matches the project's tests on AMD CPUs too.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import random
@@ -415,8 +414,9 @@ CASE_SPECS = {
     "turbo_preset_laugh": ("turbo", None, "Oh that is so funny [laugh] I really did not expect that.", 0, {}),
     "turbo_clone_6p5s": ("turbo", "clip16k_6p5s.wav", "Good morning, this is the turbo voice.", 9,
                         {"temperature": 0.9, "top_k": 200, "top_p": 0.9, "repetition_penalty": 1.3}),
+    # Turbo ignores cfg_weight, min_p and exaggeration (it logs a warning): set here, they must change nothing
     "turbo_preset_sigh_seed3": ("turbo", None, "Well [sigh] I suppose we can try again tomorrow.", 3,
-                                {"norm_loudness": False, "temperature": 0.7}),
+                                {"temperature": 0.7, "cfg_weight": 0.5, "min_p": 0.05, "exaggeration": 0.8}),
 }
 
 
@@ -523,12 +523,12 @@ KEY_DOC = {
     "t3_output_tokens": "what t3.inference / inference_turbo returned [1, N] (Turbo strips a final stop)",
     "s3gen_speech_tokens": "tokens passed to S3Gen.inference (invalid >= 6561 dropped; Turbo: + 3x S3GEN_SIL 4299) [T]",
     "s3gen_prompt_token": "S3Gen prompt tokens of the reference [1, Tp]",
-    "s3gen_prompt_token_len": "[1]",
-    "s3gen_prompt_feat": "S3Gen prompt mel of the reference (24 kHz) [1, 2*Tp, 80]",
+    "s3gen_prompt_token_len": "Tp as upstream holds it [1]",
+    "s3gen_prompt_feat": "S3Gen prompt mel of the reference (24 kHz) [1, F, 80], F = 2*Tp or 2*Tp + 1",
     "s3gen_embedding": "CAM++ x-vector of the reference (16 kHz) [1, 192]",
-    "s3gen_mel": "flow output for the new tokens, HiFT's input [1, 80, 2*T]",
-    "wav_pre_watermark": "S3Gen.inference's wav (after its trim_fade), as handed to the Perth watermarker [480*2*T]",
-    "output": "generate()'s return value = the watermarker's output [1, 480*2*T]",
+    "s3gen_mel": "flow output past the prompt, HiFT's input [1, 80, M], M = 2*(Tp + T) - F",
+    "wav_pre_watermark": "S3Gen.inference's wav (after its trim_fade), as handed to the Perth watermarker [480*M]",
+    "output": "generate()'s return value = the watermarker's output [1, 480*M]",
 }
 
 
@@ -590,7 +590,8 @@ def record_case(name: str, out_root: Path) -> dict:
         "torch_threads": THREADS,
         "dtype": "float32",
         "device": "cpu",
-        "tensors": {k: {"shape": list(v.shape), "dtype": str(v.dtype).replace("torch.", "")} for k, v in sorted(tensors.items())},
+        "tensors": {k: {"shape": list(v.shape), "dtype": str(v.dtype).replace("torch.", ""), "what": KEY_DOC[k]}
+                    for k, v in sorted(tensors.items())},
     }
     if error is not None:
         meta["expected_error"] = error
