@@ -470,6 +470,11 @@ class Observer:
 
         setattr(t3, t3_fn_name, t3_inference)
 
+        def cond_enc_hook(module, args, output):  # forward hook: sees the output, returns nothing
+            rec.setdefault("t3_cond_emb", output.detach().clone())
+
+        t3.cond_enc.register_forward_hook(cond_enc_hook)
+
         s3_inference = s3gen.inference
         hift_inference = s3gen.hift_inference
 
@@ -520,6 +525,7 @@ KEY_DOC = {
     "t3_cond_speaker_emb": "voice-encoder speaker embedding in T3Cond [1, 256]",
     "t3_cond_prompt_speech_tokens": "S3 tokens of the reference's first 6 s (English) / 15 s (Turbo), T3's speech prompt [1, P]",
     "t3_cond_emotion_adv": "exaggeration as T3Cond.emotion_adv [1, 1, 1] (Turbo: stored, unused)",
+    "t3_cond_emb": "T3CondEnc's output, the conditioning rows ahead of the text: speaker, prompt (en: 32 Perceiver rows; turbo: P token rows), en: emotion [1, C, hidden]",
     "t3_sampled_tokens": "every torch.multinomial draw during T3 decoding, in order, the stop token (6562) included when drawn [N]",
     "t3_output_tokens": "what t3.inference / inference_turbo returned [1, N] (Turbo strips a final stop)",
     "s3gen_speech_tokens": "tokens passed to S3Gen.inference (invalid >= 6561 dropped; Turbo: + 3x S3GEN_SIL 4299) [T]",
