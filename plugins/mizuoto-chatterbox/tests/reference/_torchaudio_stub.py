@@ -4,7 +4,7 @@ No torchaudio wheel exists for torch 2.13 on the package index these recordings 
 from, and installing another torch is not an option. `install()` puts this module into
 `sys.modules` as `torchaudio` (with `torchaudio.transforms`, `torchaudio.compliance` and
 `torchaudio.compliance.kaldi`) before upstream is imported. Only what upstream calls is
-provided, each written to follow torchaudio 2.6's algorithm op for op (the same torch calls
+provided, each written to follow torchaudio's own implementation op for op (the same torch calls
 in the same order and dtypes), so that the values match what torchaudio computes:
 
 - `transforms.Resample(orig, new)` with its defaults (Hann-windowed sinc, 6 zero crossings,
