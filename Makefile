@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml Makefile $(wildcard plugins/*/pyproject.toml)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q $(TORCH)
 	$(PIP) install -q -e '.[test,server,wyoming,cosyvoice,hub]'
-	for p in plugins/*/; do [ -f $$p/pyproject.toml ] && $(PIP) install -q -e $$p || exit 1; done
+	for p in plugins/*/; do [ ! -f $$p/pyproject.toml ] || $(PIP) install -q -e $$p || exit 1; done
 	touch $(STAMP)
 
 # Only for tests: the extras their integrations need (parquet lists, aac, Ray) and the test-only plugins
