@@ -10,6 +10,7 @@ distinct word.
 
 import heapq
 import re
+from functools import lru_cache
 from collections.abc import Callable, Iterable, Mapping
 
 # Below this many bytes a quadratic scan beats the heap's bookkeeping.
@@ -185,3 +186,22 @@ def _without_lone_surrogates(text: str) -> str:
         return text
     except UnicodeEncodeError:
         return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+@lru_cache(maxsize=1)
+def byte_alphabet() -> dict[str, int]:
+    """Inverse of GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves,
+    the other 68 bytes are shifted to U+0100 onward in byte order."""
+    kept = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    table = {chr(b): b for b in kept}
+    shifted = 0
+    for b in range(256):
+        if b not in table.values():
+            table[chr(0x100 + shifted)] = b
+            shifted += 1
+    return table
+
+
+def token_bytes(token: str, table: dict[str, int]) -> bytes:
+    """A vocabulary token spelled in GPT-2's byte alphabet, as bytes."""
+    return bytes(table[ch] for ch in token)

@@ -112,3 +112,26 @@ def gpt2_pattern() -> re.Pattern:
         f"|[{S}]+(?![^{S}])"
         f"|[{S}]+"
     )
+
+
+@lru_cache(maxsize=None)
+def whitespace_pattern() -> re.Pattern:
+    """HF tokenizers' `Whitespace` pre-tokenizer, `\\w+|[^\\w\\s]+`, with Oniguruma's Unicode `\\w`.
+
+    Oniguruma's word class is letters, marks, decimal digits and connector punctuation
+    (L, M, Nd, Pc); Python's `\\w` differs (no marks, any numeric), so the class is built here.
+    Marks assigned after Python's Unicode version are not in it.
+    """
+    word: list[tuple[int, int]] = []
+    category = unicodedata.category
+    start = None
+    for cp in (*range(0x40000), *range(0xE0000, 0xF0000), 0x110000):
+        inside = cp <= 0x10FFFF and (category(chr(cp))[0] in "LM" or category(chr(cp)) in ("Nd", "Pc"))
+        if inside and start is None:
+            start = cp
+        elif not inside and start is not None:
+            word.append((start, cp - 1))
+            start = None
+    body = _class_body(_merge(word + _parse_ranges(_NEW_LETTERS)))
+    space = _class_body(_WHITESPACE)
+    return re.compile(f"[{body}]+|[^{body}{space}]+")

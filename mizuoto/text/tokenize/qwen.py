@@ -13,7 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from mizuoto.errors import InvalidRequest, ModelLoadError
-from mizuoto.text.tokenize.bpe import ByteBPE
+from mizuoto.text.tokenize.bpe import ByteBPE, byte_alphabet, token_bytes
 from mizuoto.text.tokenize.pretokenize import qwen2_pattern
 
 # Qwen2's own added tokens, used when the directory has no tokenizer_config.json.
@@ -54,24 +54,6 @@ _COSYVOICE3_SPECIALS = (
 VERSIONS = {"cosyvoice2": _COSYVOICE2_SPECIALS, "cosyvoice3": _COSYVOICE3_SPECIALS}
 
 
-@lru_cache(maxsize=1)
-def _unicode_to_byte() -> dict[str, int]:
-    """Inverse of GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves,
-    the other 68 bytes are shifted to U+0100 onward in byte order."""
-    kept = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    table = {chr(b): b for b in kept}
-    shifted = 0
-    for b in range(256):
-        if b not in table.values():
-            table[chr(0x100 + shifted)] = b
-            shifted += 1
-    return table
-
-
-def _to_bytes(token: str, table: dict[str, int]) -> bytes:
-    return bytes(table[ch] for ch in token)
-
-
 def _nfc(text: str) -> str:
     return unicodedata.normalize("NFC", text)
 
@@ -87,13 +69,13 @@ class QwenTokenizer(ByteBPE):
         return _load(str(Path(blank_en_dir).resolve()), version)
 
     def __init__(self, vocab: dict[str, int], merges: list[tuple[str, str]], added: dict[str, int]):
-        table = _unicode_to_byte()
+        table = byte_alphabet()
         self._vocab = vocab
-        encoder = {_to_bytes(tok, table): i for tok, i in vocab.items()}
+        encoder = {token_bytes(tok, table): i for tok, i in vocab.items()}
         pair_ranks: dict[tuple[bytes, bytes], int] = {}
         for left, right in merges:
             # Duplicate merge lines keep their first position, as the fast tokenizer ranks them.
-            pair_ranks.setdefault((_to_bytes(left, table), _to_bytes(right, table)), len(pair_ranks))
+            pair_ranks.setdefault((token_bytes(left, table), token_bytes(right, table)), len(pair_ranks))
         super().__init__(encoder, pair_ranks, added, qwen2_pattern(), normalize=_nfc)
 
     def _regular_token_id(self, token: str) -> int | None:
