@@ -507,6 +507,41 @@ class Observer:
 
         model.watermarker.apply_watermark = apply_watermark
 
+        # The clip front of a clone case: what librosa loaded and resampled (soxr), and the voice
+        # encoder's mel (numpy STFT), so each later step can be checked from its exact input.
+        import chatterbox.models.voice_encoder.voice_encoder as ve_module
+        import chatterbox.tts as tts_module
+        import chatterbox.tts_turbo as turbo_module
+
+        librosa = tts_module.librosa
+        load, resample, ve_mel = librosa.load, librosa.resample, ve_module.melspectrogram
+        self._restore = [(librosa, "load", load), (librosa, "resample", resample),
+                         (ve_module, "melspectrogram", ve_mel)]
+
+        def observed_load(*args, **kwargs):
+            wav, sr = load(*args, **kwargs)
+            rec.setdefault("clip_wav_24k", torch.from_numpy(np.array(wav, dtype=np.float32, copy=True)))
+            return wav, sr
+
+        def observed_resample(*args, **kwargs):
+            out = resample(*args, **kwargs)
+            if kwargs.get("target_sr") == 16000 and "clip_wav_16k" not in rec:
+                rec["clip_wav_16k"] = torch.from_numpy(np.array(out, dtype=np.float32, copy=True))
+            return out
+
+        def observed_ve_mel(*args, **kwargs):
+            mel = ve_mel(*args, **kwargs)
+            rec.setdefault("ve_mel", torch.from_numpy(np.array(mel.T, dtype=np.float32, copy=True)))
+            return mel
+
+        librosa.load, librosa.resample, ve_module.melspectrogram = observed_load, observed_resample, observed_ve_mel
+        assert turbo_module.librosa is librosa
+
+    def close(self) -> None:
+        """Put back the module functions the observer wrapped."""
+        for owner, name, fn in self._restore:
+            setattr(owner, name, fn)
+
     def tensors(self, output) -> dict:
         import torch
 
@@ -536,6 +571,9 @@ KEY_DOC = {
     "s3gen_mel": "flow output past the prompt, HiFT's input [1, 80, M], M = 2*(Tp + T) - F",
     "wav_pre_watermark": "S3Gen.inference's wav (after its trim_fade), as handed to the Perth watermarker [480*M]",
     "output": "generate()'s return value = the watermarker's output [1, 480*M]",
+    "clip_wav_24k": "clone only: librosa.load(clip, sr=24000) as prepare_conditionals got it (soxr_hq when the clip is not 24 kHz) [S24]",
+    "clip_wav_16k": "clone only: librosa.resample of that to 16 kHz (soxr_hq), the S3 tokenizer's and voice encoder's input [S16]",
+    "ve_mel": "clone only: the voice encoder's mel of the trimmed 16 kHz clip (numpy STFT, power 2, 40 mels) [T, 40]",
 }
 
 
@@ -575,6 +613,7 @@ def record_case(name: str, out_root: Path) -> dict:
     else:
         assert name not in EXPECTED_ERRORS, f"{name}: upstream was expected to raise"
         tensors = obs.tensors(output)
+    obs.close()
     for k, v in tensors.items():
         assert torch.isfinite(v.float()).all(), f"{name}: {k} not finite"
     save_file(tensors, str(case_dir / "record.safetensors"))

@@ -1,0 +1,67 @@
+"""A Chatterbox voice: what T3 and S3Gen are conditioned on, from a preset (`conds.pt`) or a clip.
+
+T3 takes the voice encoder's embedding, the S3 tokens of the clip's start and the exaggeration;
+S3Gen takes its own prompt tokens, the prompt's 24 kHz mel and a CAM++ x-vector. A preset voice is
+upstream's `conds.pt` (read as tensors only, never unpickled code).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from mizuoto.errors import ModelLoadError
+from mizuoto.nn.speaker import LSTMSpeakerEncoder
+from mizuoto.runtime.convert.checkpoint import DictSource, match_state_dict
+
+VE_RATE = 1.3  # the voice encoder's windows per second (Resemble's default, as upstream calls it)
+
+
+@dataclass
+class Voice:
+    """T3's and S3Gen's conditioning of one voice."""
+
+    speaker_emb: torch.Tensor         # (1, 256) voice-encoder embedding
+    prompt_tokens: torch.Tensor       # (1, P) S3 tokens of the clip's start, T3's speech prompt
+    exaggeration: float               # the voice's own; a request may set another
+    gen_prompt_token: torch.Tensor    # (1, Tp) S3Gen's prompt tokens
+    gen_prompt_feat: torch.Tensor     # (1, F, 80) S3Gen's prompt mel (24 kHz)
+    gen_embedding: torch.Tensor       # (1, 192) CAM++ x-vector
+
+
+def load_preset(path: str | Path) -> Voice:
+    """Upstream's `conds.pt` ({"t3": T3Cond fields, "gen": S3Gen's reference dict}) as a Voice."""
+    path = Path(path)
+    try:
+        conds = torch.load(path, map_location="cpu", weights_only=True)
+        t3, gen = conds["t3"], conds["gen"]
+        return Voice(speaker_emb=t3["speaker_emb"], prompt_tokens=t3["cond_prompt_speech_tokens"],
+                     exaggeration=float(t3["emotion_adv"].flatten()[0]), gen_prompt_token=gen["prompt_token"],
+                     gen_prompt_feat=gen["prompt_feat"], gen_embedding=gen["embedding"])
+    except (OSError, RuntimeError, KeyError, TypeError, AttributeError) as exc:
+        raise ModelLoadError(f"{path} is not a Chatterbox preset voice (conds.pt): {type(exc).__name__}: {exc}") \
+            from None
+
+
+def load_voice_encoder(path: str | Path) -> LSTMSpeakerEncoder:
+    """Upstream's `ve.safetensors` as an LSTM speaker encoder, sizes from the weights."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    try:
+        state = load_file(str(path))
+        layers = len({m.group(1) for k in state if (m := re.fullmatch(r"lstm\.weight_ih_l(\d+)", k))})
+        hidden, mels = state["lstm.weight_hh_l0"].shape[1], state["lstm.weight_ih_l0"].shape[1]
+        size = state["proj.weight"].shape[0]
+    except Exception as exc:  # a truncated or foreign file fails in many ways
+        raise ModelLoadError(f"cannot read {path} as a voice encoder: {type(exc).__name__}: {exc}") from None
+    model = LSTMSpeakerEncoder(mels, hidden, layers, size)
+    shapes = {k: v.shape for k, v in model.state_dict().items()}
+    # the GE2E training loss's scale and offset ride along in the file
+    matched = match_state_dict(DictSource(state), {k: k for k in shapes}, shapes, where=path,
+                               target="Chatterbox's voice encoder", ignore=("similarity_weight", "similarity_bias"))
+    model.load_state_dict(matched)
+    return model.eval()

@@ -1,0 +1,38 @@
+"""A voice's conditioning against upstream: the preset's tensors, and the voice encoder on a clone's mel."""
+
+import pytest
+import torch
+
+from mizuoto_chatterbox.voice import VE_RATE, load_preset, load_voice_encoder
+
+
+def test_preset_voice_is_what_upstream_conditioned_on(case):
+    if case.spec["mode"] != "preset":
+        assert case.spec["reference_clip"], "a case is a preset or a clone"
+        return
+    ref = case.tensors()
+    voice = load_preset(case.model_dir / "conds.pt")
+    assert torch.equal(voice.speaker_emb, ref["t3_cond_speaker_emb"])
+    assert torch.equal(voice.prompt_tokens, ref["t3_cond_prompt_speech_tokens"])
+    if "s3gen_prompt_token" in ref:  # a case upstream failed in has no S3Gen inputs
+        assert torch.equal(voice.gen_prompt_token, ref["s3gen_prompt_token"])
+        assert torch.equal(voice.gen_prompt_feat, ref["s3gen_prompt_feat"])
+        assert torch.equal(voice.gen_embedding, ref["s3gen_embedding"])
+
+
+def test_voice_encoder_embeds_a_clones_mel_as_upstream(case):
+    ref = case.tensors()
+    if case.spec["mode"] != "clone":
+        assert "ve_mel" not in ref
+        return
+    encoder = load_voice_encoder(case.model_dir / "ve.safetensors")
+    assert torch.equal(encoder.embed(ref["ve_mel"], rate=VE_RATE), ref["t3_cond_speaker_emb"])
+
+
+def test_a_foreign_preset_is_refused_with_its_path(tmp_path):
+    from mizuoto.errors import ModelLoadError
+
+    bad = tmp_path / "conds.pt"
+    torch.save({"t3": {}}, bad)
+    with pytest.raises(ModelLoadError, match="conds.pt"):
+        load_preset(bad)
