@@ -14,10 +14,14 @@ from pathlib import Path
 import torch
 
 from mizuoto.errors import ModelLoadError
+from mizuoto.nn.dsp.mel import MatchaMelConfig, matcha_mel
 from mizuoto.nn.speaker import LSTMSpeakerEncoder
 from mizuoto.runtime.convert.checkpoint import DictSource, match_state_dict
 
 VE_RATE = 1.3  # the voice encoder's windows per second (Resemble's default, as upstream calls it)
+# S3Gen's prompt mel: CosyVoice 2's 24 kHz Matcha mel
+PROMPT_MEL = MatchaMelConfig(n_fft=1920, num_mels=80, sampling_rate=24000, hop_size=480, win_size=1920, fmin=0,
+                             fmax=8000)
 
 
 @dataclass
@@ -65,3 +69,8 @@ def load_voice_encoder(path: str | Path) -> LSTMSpeakerEncoder:
                                target="Chatterbox's voice encoder", ignore=("similarity_weight", "similarity_bias"))
     model.load_state_dict(matched)
     return model.eval()
+
+
+def prompt_mel(wav_24k: torch.Tensor) -> torch.Tensor:
+    """S3Gen's prompt mel (1, frames, 80) of a 24 kHz reference (N,), as upstream's `embed_ref` makes it."""
+    return matcha_mel(wav_24k.reshape(1, -1).float(), PROMPT_MEL).transpose(1, 2)

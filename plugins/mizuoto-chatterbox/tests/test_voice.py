@@ -36,3 +36,13 @@ def test_a_foreign_preset_is_refused_with_its_path(tmp_path):
     torch.save({"t3": {}}, bad)
     with pytest.raises(ModelLoadError, match="conds.pt"):
         load_preset(bad)
+
+
+def test_s3gen_prompt_mel_of_a_clone_equals_upstreams(case):
+    from mizuoto_chatterbox.voice import prompt_mel
+
+    ref = case.tensors()
+    if case.spec["mode"] != "clone":
+        assert "s3gen_ref_wav" not in ref
+        return
+    assert torch.equal(prompt_mel(ref["s3gen_ref_wav"]), ref["s3gen_prompt_feat"])

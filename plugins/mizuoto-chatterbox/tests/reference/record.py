@@ -507,21 +507,25 @@ class Observer:
 
         model.watermarker.apply_watermark = apply_watermark
 
-        # The clip front of a clone case: what librosa loaded and resampled (soxr), and the voice
-        # encoder's mel (numpy STFT), so each later step can be checked from its exact input.
+        # The clip front of a clone case: the 24 kHz wav S3Gen's reference embedding got (librosa's
+        # load, soxr, Turbo's loudness gain, cut to 10 s), the 16 kHz resample (soxr) the S3
+        # tokenizer and voice encoder got, and the voice encoder's mel (numpy STFT), so each later
+        # step can be checked from its exact input.
         import chatterbox.models.voice_encoder.voice_encoder as ve_module
         import chatterbox.tts as tts_module
         import chatterbox.tts_turbo as turbo_module
 
         librosa = tts_module.librosa
-        load, resample, ve_mel = librosa.load, librosa.resample, ve_module.melspectrogram
-        self._restore = [(librosa, "load", load), (librosa, "resample", resample),
-                         (ve_module, "melspectrogram", ve_mel)]
+        resample, ve_mel = librosa.resample, ve_module.melspectrogram
+        self._restore = [(librosa, "resample", resample), (ve_module, "melspectrogram", ve_mel)]
 
-        def observed_load(*args, **kwargs):
-            wav, sr = load(*args, **kwargs)
-            rec.setdefault("clip_wav_24k", torch.from_numpy(np.array(wav, dtype=np.float32, copy=True)))
-            return wav, sr
+        embed_ref = s3gen.embed_ref
+
+        def observed_embed_ref(ref_wav, ref_sr, *args, **kwargs):
+            rec.setdefault("s3gen_ref_wav", torch.as_tensor(np.array(ref_wav, dtype=np.float32, copy=True)))
+            return embed_ref(ref_wav, ref_sr, *args, **kwargs)
+
+        s3gen.embed_ref = observed_embed_ref
 
         def observed_resample(*args, **kwargs):
             out = resample(*args, **kwargs)
@@ -534,7 +538,7 @@ class Observer:
             rec.setdefault("ve_mel", torch.from_numpy(np.array(mel.T, dtype=np.float32, copy=True)))
             return mel
 
-        librosa.load, librosa.resample, ve_module.melspectrogram = observed_load, observed_resample, observed_ve_mel
+        librosa.resample, ve_module.melspectrogram = observed_resample, observed_ve_mel
         assert turbo_module.librosa is librosa
 
     def close(self) -> None:
@@ -571,7 +575,7 @@ KEY_DOC = {
     "s3gen_mel": "flow output past the prompt, HiFT's input [1, 80, M], M = 2*(Tp + T) - F",
     "wav_pre_watermark": "S3Gen.inference's wav (after its trim_fade), as handed to the Perth watermarker [480*M]",
     "output": "generate()'s return value = the watermarker's output [1, 480*M]",
-    "clip_wav_24k": "clone only: librosa.load(clip, sr=24000) as prepare_conditionals got it (soxr_hq when the clip is not 24 kHz) [S24]",
+    "s3gen_ref_wav": "clone only: the 24 kHz wav S3Gen.embed_ref got: librosa.load(clip, sr=24000) (soxr_hq when the clip is not 24 kHz), Turbo's loudness gain, cut to 10 s [S24]",
     "clip_wav_16k": "clone only: librosa.resample of that to 16 kHz (soxr_hq), the S3 tokenizer's and voice encoder's input [S16]",
     "ve_mel": "clone only: the voice encoder's mel of the trimmed 16 kHz clip (numpy STFT, power 2, 40 mels) [T, 40]",
 }
