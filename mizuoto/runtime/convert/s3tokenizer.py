@@ -24,6 +24,7 @@ from mizuoto.runtime.convert.onnx import (
     load_into,
 )
 from mizuoto.errors import ModelLoadError
+from mizuoto.runtime.convert.checkpoint import DictSource, match_state_dict
 
 LAYOUT = "s3tokenizer-1"
 _LINEARS = {"attn.query": "attn/query", "attn.key": "attn/key", "attn.value": "attn/value",
@@ -185,4 +186,42 @@ def load_s3tokenizer(path: str | Path, progress=None) -> S3Tokenizer:
     config, state = load_converted(path, read_s3tokenizer, LAYOUT, progress)
     model = S3Tokenizer(**config)
     load_into(model, state, path)
+    return model.eval()
+
+
+def s3tokenizer_from_state(state: dict[str, torch.Tensor], *, prefix: str = "", n_head: int, where: str | Path
+                           ) -> S3Tokenizer:
+    """A v2 (FSQ) speech tokenizer from a PyTorch state dict in the `s3tokenizer` package's layout
+    (`S3TokenizerV2`: encoder.*, quantizer._codebook.project_down.*) under `prefix`; the head count is
+    not in the weights. The package's fixed sizes (kernel 3, padding 1, strides 2, LayerNorm eps 1e-5,
+    FSQ of 3 levels scaled by 0.999) are its constructor's."""
+    def t(name: str) -> torch.Tensor:
+        return state[prefix + name]
+
+    try:
+        layers = len({k[len(prefix):].split(".")[2] for k in state if k.startswith(prefix + "encoder.blocks.")})
+        n_state, n_mels, kernel = t("encoder.conv1.weight").shape
+        config = {"n_mels": n_mels, "n_state": n_state, "n_head": n_head, "n_layer": layers,
+                  "n_mlp": t("encoder.blocks.0.mlp.0.weight").shape[0], "conv_kernel": kernel, "conv_padding": 1,
+                  "conv1_stride": 2, "conv2_stride": 2, "attn_ln_eps": 1e-5, "mlp_ln_eps": 1e-5, "quantizer": "fsq",
+                  "fsmn_kernel": t("encoder.blocks.0.attn.fsmn_block.weight").shape[-1],
+                  "fsq_dim": t("quantizer._codebook.project_down.weight").shape[0], "fsq_levels": 3,
+                  "fsq_scale": 0.9990000128746033}
+    except (KeyError, ValueError) as exc:
+        raise ModelLoadError(f"{where}: not an s3tokenizer v2 state dict under {prefix!r}: {exc}") from None
+    model = S3Tokenizer(**config)
+    key_map: dict[str, str] = {"conv1.weight": "encoder.conv1.weight", "conv1.bias": "encoder.conv1.bias",
+                               "conv2.weight": "encoder.conv2.weight", "conv2.bias": "encoder.conv2.bias",
+                               "project.weight": "quantizer._codebook.project_down.weight",
+                               "project.bias": "quantizer._codebook.project_down.bias"}
+    for key in model.state_dict():
+        if key.startswith("blocks."):
+            key_map[key] = "encoder." + key.replace(".attn.fsmn.", ".attn.fsmn_block.")
+    mine = {k for k in state if k.startswith(prefix)}
+    # the package's mel filters and window buffers ride along; the log-mel is computed here
+    ignore = [k for k in mine if k[len(prefix):] in ("_mel_filters", "window")]
+    source = DictSource({k: v for k, v in state.items() if k in mine})
+    shapes = {k: v.shape for k, v in model.state_dict().items()}
+    model.load_state_dict(match_state_dict(source, {k: prefix + v for k, v in key_map.items()}, shapes,
+                                           where=where, target="an s3tokenizer v2 speech tokenizer", ignore=ignore))
     return model.eval()

@@ -23,7 +23,6 @@ of two otherwise than two calls of one, so the pair stays one batch of two here.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -37,6 +36,7 @@ from mizuoto.errors import ModelLoadError
 from mizuoto.nn.lm import logits as lp
 from mizuoto.nn.lm.decoder import Decoder, DecoderConfig
 from mizuoto.runtime.convert.checkpoint import DictSource, match_state_dict
+from mizuoto_chatterbox.files import reduced_sizes
 
 START_TEXT, STOP_TEXT = 255, 0  # the English text table's start and stop ids
 START_SPEECH, STOP_SPEECH = 6561, 6562
@@ -221,16 +221,6 @@ def _layers(state: dict, prefix: str) -> int:
     return len({k[len(prefix):].split(".", 1)[0] for k in state if k.startswith(prefix)})
 
 
-def _reduced(model_dir: Path) -> dict:
-    path = model_dir / "reduced_config.json"
-    if not path.is_file():
-        return {}
-    try:
-        return json.loads(path.read_text(encoding="utf-8")).get("reduced", {})
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"cannot read {path}: {exc}") from None
-
-
 def load_t3(path: str | Path) -> T3:
     """T3 from upstream's `t3_cfg.safetensors` (English) or `t3_turbo_v1.safetensors` (Turbo), sizes from the weights."""
     path = Path(path)
@@ -238,7 +228,7 @@ def load_t3(path: str | Path) -> T3:
         state = load_file(str(path))
     except Exception as exc:  # a truncated or foreign file fails in many ways inside safetensors
         raise ModelLoadError(f"cannot read {path}: {type(exc).__name__}: {exc}") from None
-    reduced = _reduced(path.parent)
+    reduced = reduced_sizes(path.parent)
     d = state["speech_emb.weight"].shape[1]
     if "tfmr.wte.weight" in state:  # GPT-2
         gpt2 = reduced.get("t3_gpt2", {})

@@ -14,10 +14,17 @@ from pathlib import Path
 import torch
 
 from mizuoto.errors import ModelLoadError
-from mizuoto.nn.dsp.mel import MatchaMelConfig, matcha_mel
+from mizuoto.nn.codecs.s3tokenizer import S3Tokenizer
+from mizuoto.nn.dsp.mel import MatchaMelConfig, matcha_mel, whisper_log_mel
 from mizuoto.nn.speaker import LSTMSpeakerEncoder
 from mizuoto.runtime.convert.checkpoint import DictSource, match_state_dict
+from mizuoto.runtime.convert.s3tokenizer import s3tokenizer_from_state
+from mizuoto_chatterbox.files import S3GEN_FILES, one_of, reduced_sizes
 
+S3_HEADS = 20  # the released S3 tokenizer's (s3tokenizer's ModelConfig)
+# T3's speech prompt: the clip's first seconds at 16 kHz, and at most this many tokens (English, Turbo)
+PROMPT_SECONDS = {False: 6, True: 15}
+PROMPT_TOKENS = {False: 150, True: 375}
 VE_RATE = 1.3  # the voice encoder's windows per second (Resemble's default, as upstream calls it)
 # S3Gen's prompt mel: CosyVoice 2's 24 kHz Matcha mel
 PROMPT_MEL = MatchaMelConfig(n_fft=1920, num_mels=80, sampling_rate=24000, hop_size=480, win_size=1920, fmin=0,
@@ -74,3 +81,27 @@ def load_voice_encoder(path: str | Path) -> LSTMSpeakerEncoder:
 def prompt_mel(wav_24k: torch.Tensor) -> torch.Tensor:
     """S3Gen's prompt mel (1, frames, 80) of a 24 kHz reference (N,), as upstream's `embed_ref` makes it."""
     return matcha_mel(wav_24k.reshape(1, -1).float(), PROMPT_MEL).transpose(1, 2)
+
+
+def load_s3_tokenizer(model_dir: str | Path) -> S3Tokenizer:
+    """The S3 tokenizer inside the directory's S3Gen weights (mizuoto's block, the package's layout)."""
+    from safetensors.torch import load_file
+
+    path = one_of(model_dir, S3GEN_FILES)
+    heads = reduced_sizes(model_dir).get("s3_tokenizer", {}).get("n_audio_head", S3_HEADS)
+    return s3tokenizer_from_state(load_file(str(path)), prefix="tokenizer.", n_head=heads, where=path)
+
+
+def prompt_tokens(tokenizer: S3Tokenizer, wav_16k: torch.Tensor, turbo: bool) -> torch.Tensor:
+    """T3's speech prompt (1, P) from a 16 kHz clip: the S3 tokens of its start."""
+    return speech_tokens(tokenizer, wav_16k[..., :PROMPT_SECONDS[turbo] * 16000], PROMPT_TOKENS[turbo])
+
+
+def speech_tokens(tokenizer: S3Tokenizer, wav_16k: torch.Tensor, max_tokens: int | None = None) -> torch.Tensor:
+    """S3 tokens (1, T) of a 16 kHz clip (N,), the first `max_tokens` only, as upstream's S3Tokenizer.forward."""
+    mel = whisper_log_mel(wav_16k.reshape(1, -1).float(), tokenizer.conv1.in_channels)
+    if max_tokens is not None:
+        mel = mel[..., :max_tokens * 4]  # four mel frames a token
+    with torch.inference_mode():
+        tokens, _ = tokenizer(mel, torch.tensor([mel.shape[-1]]))
+    return tokens

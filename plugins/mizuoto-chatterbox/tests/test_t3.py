@@ -5,16 +5,12 @@ import functools
 import pytest
 import torch
 
+from mizuoto_chatterbox.files import T3_FILES, one_of
 from mizuoto_chatterbox.t3 import T3Options, load_t3
-
-T3_FILES = ("t3_cfg.safetensors", "t3_turbo_v1.safetensors")
-
 
 @functools.lru_cache(maxsize=None)
 def _t3(model_dir):
-    found = [model_dir / f for f in T3_FILES if (model_dir / f).is_file()]
-    assert len(found) == 1, f"{model_dir}: expected one of {T3_FILES}"
-    return load_t3(found[0])
+    return load_t3(one_of(model_dir, T3_FILES))
 
 
 def _options(case) -> T3Options:

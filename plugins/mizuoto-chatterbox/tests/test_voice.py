@@ -46,3 +46,14 @@ def test_s3gen_prompt_mel_of_a_clone_equals_upstreams(case):
         assert "s3gen_ref_wav" not in ref
         return
     assert torch.equal(prompt_mel(ref["s3gen_ref_wav"]), ref["s3gen_prompt_feat"])
+
+
+def test_t3_prompt_tokens_of_a_clone_equal_upstreams(case):
+    from mizuoto_chatterbox.voice import load_s3_tokenizer, prompt_tokens
+
+    ref = case.tensors()
+    if case.spec["mode"] != "clone":
+        return
+    tokenizer = load_s3_tokenizer(case.model_dir)
+    turbo = case.spec["class"] == "ChatterboxTurboTTS"
+    assert torch.equal(prompt_tokens(tokenizer, ref["clip_wav_16k"], turbo), ref["t3_cond_prompt_speech_tokens"])
