@@ -1,4 +1,6 @@
-"""CosyVoice's flow stage: speech tokens (+ voice prompt) -> mel; the v1 and v2 classes and every builder.
+"""CosyVoice's flow stage: speech tokens (+ voice prompt) -> mel; the v1 class and every builder.
+
+The v2 class (CausalMaskedDiffWithXvec) is engine-neutral and lives in mizuoto/nn/flow/xvec.py.
 
 `build_flow(config)` reads the yaml's `flow` node (HyperPyYAML tags read as data) and builds
 the matching wrapper; `load_flow_weights` loads `flow.pt` by upstream's key names. Flow classes
@@ -15,12 +17,12 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from mizuoto.engines.cosyvoice.flow_base import N_TIMESTEPS, XvecFlow
 from mizuoto.engines.cosyvoice.flow_dit import CausalMaskedDiffWithDiT
 from mizuoto.errors import ModelLoadError
 from mizuoto.nn.flow.cfm import ConditionalCFM
 from mizuoto.nn.flow.length_regulator import InterpolateRegulator, mel_frames_for_tokens
 from mizuoto.nn.flow.unet1d import ConditionalDecoder
+from mizuoto.nn.flow.xvec import CausalMaskedDiffWithXvec, XvecFlow
 from mizuoto.nn.transformer.dit import DiT
 from mizuoto.nn.transformer.upsample import PreLookaheadLayer, UpsampleConformerEncoder
 from mizuoto.nn.transformer.wenet import ConformerEncoder
@@ -30,38 +32,6 @@ from mizuoto.runtime.hyperyaml import Tagged
 # CosyVoice 1 streams 100-token chunks overlapping by 20 tokens (cli/model.py token_overlap_len);
 # its flow stretches those overlaps to whole mel frames and caches their noise.
 V1_OVERLAP_TOKENS = 20
-
-
-class CausalMaskedDiffWithXvec(XvecFlow):
-    """CosyVoice 2's flow: upsampling conformer, causal U-Net, fixed noise, chunked streaming."""
-
-    def __init__(self, vocab_size: int, input_size: int, output_size: int, spk_embed_dim: int,
-                 input_frame_rate: int, token_mel_ratio: int, pre_lookahead_len: int,
-                 encoder: nn.Module, decoder: ConditionalCFM):
-        super().__init__(vocab_size, input_size, output_size, spk_embed_dim, input_frame_rate)
-        self.token_mel_ratio = token_mel_ratio
-        self.pre_lookahead_len = pre_lookahead_len
-        self.encoder = encoder
-        self.encoder_proj = nn.Linear(encoder.output_size(), output_size)
-        self.decoder = decoder
-
-    @torch.inference_mode()
-    def inference(self, token: torch.Tensor, prompt_token: torch.Tensor, prompt_feat: torch.Tensor,
-                  embedding: torch.Tensor, streaming: bool = False, finalize: bool = True) -> torch.Tensor:
-        """Mel (1, output_size, frames) for `token`, the prompt's frames cut off.
-
-        finalize=False: the last pre_lookahead_len tokens only serve as look-ahead (a streaming
-        chunk that more tokens will follow); streaming=True: chunked attention.
-        """
-        spks, xs = self.embed_request(token, prompt_token, prompt_feat, embedding)
-        xs_lens = torch.tensor([xs.shape[1]], dtype=torch.int32, device=xs.device)
-        if finalize:
-            h, _ = self.encoder(xs, xs_lens, streaming=streaming)
-        else:
-            xs, context = xs[:, :-self.pre_lookahead_len], xs[:, -self.pre_lookahead_len:]
-            h, _ = self.encoder(xs, xs_lens, context=context, streaming=streaming)
-        self.check_frames(h.shape[1])
-        return self.decode(self.encoder_proj(h), prompt_feat, spks, streaming)
 
 
 class MaskedDiffWithXvec(XvecFlow):
@@ -110,7 +80,7 @@ class MaskedDiffWithXvec(XvecFlow):
         conds = self.conditions(prompt_feat, mel_len1 + mel_len2, h)
         mask = self.full_mask(mel_len1 + mel_len2, h)
         feat, flow_cache = self.decoder.forward_cached(
-            mu=h.transpose(1, 2).contiguous(), mask=mask, n_timesteps=N_TIMESTEPS, spks=spks,
+            mu=h.transpose(1, 2).contiguous(), mask=mask, n_timesteps=self.n_timesteps, spks=spks,
             cond=conds, prompt_len=mel_len1, cache=flow_cache.to(h), generator=generator)
         return feat[:, :, mel_len1:].float(), flow_cache
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mizuoto.engines.cosyvoice.flow_base import XvecFlow
 from mizuoto.nn.flow.cfm import ConditionalCFM
+from mizuoto.nn.flow.xvec import XvecFlow
 
 
 class CausalMaskedDiffWithDiT(XvecFlow):

@@ -1,12 +1,7 @@
 """CosyVoice's vocoder stage: build HiFT from the yaml `hift` node and load upstream's hift.pt.
 
-Checkpoint keys are upstream's. Weight-normed convs arrive as
-`<name>.parametrizations.weight.original0/original1` (g, v; torch >= 2.1) or legacy
-`<name>.weight_g/weight_v`, possibly under a `generator.` prefix (a HiFi-GAN training
-checkpoint); they are folded into `<name>.weight` here, on the device the module will run on,
-in its dtype (CosyVoice 3's F0 predictor: float64), exactly as torch's parametrization would.
-No weight is transposed: upstream's layers are torch's own Conv1d / ConvTranspose1d / Linear,
-whose layouts the modules here share.
+Checkpoint keys are upstream's, possibly under a `generator.` prefix (a HiFi-GAN training
+checkpoint); weight-normed convs are folded by `mizuoto.runtime.convert.hift`.
 """
 
 from __future__ import annotations
@@ -17,12 +12,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from mizuoto.nn.vocoders.f0 import CausalConvRNNF0Predictor, ConvRNNF0Predictor, f0_device
+from mizuoto.nn.vocoders.f0 import CausalConvRNNF0Predictor, ConvRNNF0Predictor
 from mizuoto.nn.vocoders.hift import CausalHiFTGenerator, HiFTGenerator
-from mizuoto.nn.vocoders.layers import fold_weight_norm
 from mizuoto.nn.vocoders.source import FixedSourceNoise
 from mizuoto.errors import ModelLoadError
-from mizuoto.runtime.convert.checkpoint import DictSource, Fold, Src, match_state_dict, read_checkpoint
+from mizuoto.runtime.convert.checkpoint import DictSource, match_state_dict, read_checkpoint
+from mizuoto.runtime.convert.hift import hift_key_map
 from mizuoto.runtime.hyperyaml import Tagged
 
 _GENERATORS = {"HiFTGenerator": HiFTGenerator, "CausalHiFTGenerator": CausalHiFTGenerator}
@@ -33,8 +28,6 @@ _HIFT_KEYS = ("in_channels", "base_channels", "nb_harmonics", "sampling_rate", "
               "source_resblock_dilation_sizes", "lrelu_slope", "audio_limit")
 _CAUSAL_KEYS = ("conv_pre_look_right",)
 _F0_KEYS = ("num_class", "in_channels", "cond_channels")
-_PARAM_G, _PARAM_V = ".parametrizations.weight.original0", ".parametrizations.weight.original1"
-_LEGACY_G, _LEGACY_V = ".weight_g", ".weight_v"
 _PREFIX = "generator."
 
 
@@ -71,35 +64,13 @@ def build_hift(config: dict, noise: FixedSourceNoise | None = None) -> nn.Module
     return cls(**kwargs, f0_predictor=f0_predictor)
 
 
-def _weight_norm_fold(model: nn.Module, name: str, shape: torch.Size, device: torch.device, where: str):
-    """The Fold function of weight-normed layer `name`: g and v checked, folded where it will run, in its dtype."""
-    g_shape = (shape[0],) + (1,) * (len(shape) - 1)
-    dtype = model.get_parameter(f"{name}.weight").dtype
-    # CosyVoice 3's float64 F0 predictor runs where float64 does (CausalHiFTGenerator.place)
-    causal_f0 = name.startswith("f0_predictor.") and isinstance(model, CausalHiFTGenerator)
-    target_device = f0_device(device) if causal_f0 else device
-
-    def fold(g: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if tuple(v.shape) != tuple(shape) or tuple(g.shape) != g_shape:
-            raise ModelLoadError(f"{where}: {name} weight norm has g {tuple(g.shape)} / v {tuple(v.shape)}, "
-                                 f"the yaml's sizes need g {g_shape} / v {tuple(shape)}")
-        return fold_weight_norm(g.to(target_device), v.to(target_device), dtype)
-    return fold
-
-
 def convert_state_dict(state: dict[str, torch.Tensor], model: nn.Module, where: str,
                        device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
     """Upstream hift.pt keys -> this model's keys, weight norm folded; strict, with named errors."""
-    device = torch.device(device)
     state = {k[len(_PREFIX):] if k.startswith(_PREFIX) else k: v for k, v in state.items()}
     shapes = {k: v.shape for k, v in model.state_dict().items()}
-    key_map: dict[str, Src | Fold] = {k: Src(k) for k in shapes}
-    for name in model.weight_normed():
-        styles = ((name + _PARAM_G, name + _PARAM_V), (name + _LEGACY_G, name + _LEGACY_V))
-        g, v = next((pair for pair in styles if all(k in state for k in pair)), styles[0])
-        key_map[f"{name}.weight"] = Fold((g, v), _weight_norm_fold(model, name, shapes[f"{name}.weight"], device,
-                                                                   where), "weight norm")
-    return match_state_dict(DictSource(state), key_map, shapes, where=where, target="the yaml's hift")
+    return match_state_dict(DictSource(state), hift_key_map(model, state, where, device), shapes, where=where,
+                            target="the yaml's hift")
 
 
 def load_hift(path: str | Path, config: dict, noise: FixedSourceNoise | None = None,

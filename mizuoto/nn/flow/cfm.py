@@ -1,7 +1,10 @@
 """Conditional flow matching sampler: Euler steps on a cosine schedule with classifier-free guidance.
 
-The estimator is pluggable (U-Net for CosyVoice 1/2, DiT for CosyVoice 3): any module called as
-estimator(x, mask, mu, t, spks, cond, streaming=...) returning the velocity.
+The estimator is pluggable (U-Net for CosyVoice 1/2 and Chatterbox, DiT for CosyVoice 3): any module
+called as estimator(x, mask, mu, t, spks, cond, streaming=...) returning the velocity. `meanflow`
+is Chatterbox Turbo's sampler: a linear schedule, no guidance, the estimator told each step's end
+time r as well. (Chatterbox's Euler loop reads t and dt off the schedule where this one accumulates
+them; on the float32 cosine schedules of 2 to 30 steps both give the same bits: t + (s - t) == s.)
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ class ConditionalCFM(nn.Module):
     """
 
     def __init__(self, estimator: nn.Module, inference_cfg_rate: float = 0.7, t_scheduler: str = "cosine",
-                 fixed: bool = False, overlap_frames: int | None = None):
+                 fixed: bool = False, overlap_frames: int | None = None, meanflow: bool = False):
         super().__init__()
         if t_scheduler not in ("cosine", "linear"):
             raise ValueError(f"t_scheduler {t_scheduler!r} is not supported (cosine or linear)")
@@ -48,11 +51,12 @@ class ConditionalCFM(nn.Module):
         self.t_scheduler = t_scheduler
         self.fixed = fixed
         self.overlap_frames = overlap_frames
+        self.meanflow = meanflow
 
     def t_span(self, n_timesteps: int, like: torch.Tensor) -> torch.Tensor:
         """n_timesteps + 1 times from 0 to 1."""
         t_span = torch.linspace(0, 1, n_timesteps + 1, device=like.device, dtype=like.dtype)
-        if self.t_scheduler == "cosine":
+        if self.t_scheduler == "cosine" and not self.meanflow:
             t_span = 1 - torch.cos(t_span * 0.5 * torch.pi)
         return t_span
 
@@ -72,9 +76,17 @@ class ConditionalCFM(nn.Module):
     @torch.inference_mode()
     def forward(self, mu: torch.Tensor, mask: torch.Tensor, n_timesteps: int, temperature: float = 1.0,
                 spks: torch.Tensor | None = None, cond: torch.Tensor | None = None,
-                streaming: bool = False, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Mel (B, n_feats, T) from encoder output mu (B, n_feats, T)."""
+                streaming: bool = False, generator: torch.Generator | None = None,
+                noise_tail: torch.Tensor | None = None) -> torch.Tensor:
+        """Mel (B, n_feats, T) from encoder output mu (B, n_feats, T).
+
+        noise_tail (B, n_feats, T'): replaces the last T' frames of the noise (drawn all the same first).
+        """
         z = self.initial_noise(mu, temperature, generator)
+        if noise_tail is not None:
+            z[..., z.size(2) - noise_tail.size(2):] = noise_tail
+        if self.meanflow:
+            return self.solve_mean_flow(z, self.t_span(n_timesteps, mu), mu, mask, spks, cond, streaming)
         return self.solve_euler(z, self.t_span(n_timesteps, mu), mu, mask, spks, cond, streaming)
 
     @torch.inference_mode()
@@ -129,4 +141,13 @@ class ConditionalCFM(nn.Module):
             t = t + dt
             if step < len(t_span) - 1:
                 dt = t_span[step + 1] - t
+        return x.float()
+
+    def solve_mean_flow(self, x: torch.Tensor, t_span: torch.Tensor, mu: torch.Tensor, mask: torch.Tensor,
+                        spks: torch.Tensor, cond: torch.Tensor, streaming: bool = False) -> torch.Tensor:
+        """Mean-flow Euler: one estimator call per step from t to r, unguided, batch as given."""
+        for t, r in zip(t_span[:-1], t_span[1:]):
+            t, r = t[None], r[None]
+            velocity = self.estimator(x, mask, mu, t, spks, cond, streaming=streaming, r=r)
+            x = x + (r - t) * velocity
         return x.float()

@@ -205,12 +205,15 @@ class ConditionalDecoder(nn.Module):
 
     causal=True is upstream's CausalConditionalDecoder: left-padded convs, LayerNorm blocks, and
     with streaming=True attention limited to chunks of `static_chunk_size` frames (and the past).
+    meanflow=True is Chatterbox Turbo's: the step's end time r is embedded too, and both embeddings
+    are mixed by `time_embed_mixer`.
     """
 
     def __init__(self, in_channels: int, out_channels: int, channels: list[int] | tuple[int, ...] = (256, 256),
                  dropout: float = 0.05, attention_head_dim: int = 64, n_blocks: int = 1,
                  num_mid_blocks: int = 2, num_heads: int = 4, act_fn: str = "snake",
-                 causal: bool = False, static_chunk_size: int = 0, num_decoding_left_chunks: int = -1):
+                 causal: bool = False, static_chunk_size: int = 0, num_decoding_left_chunks: int = -1,
+                 meanflow: bool = False):
         super().__init__()
         channels = tuple(channels)
         self.in_channels = in_channels
@@ -257,6 +260,7 @@ class ConditionalDecoder(nn.Module):
                                                  transformers(output_channel), up]))
         self.final_block = Block1D(up_channels[-1], up_channels[-1], causal=causal)
         self.final_proj = nn.Conv1d(up_channels[-1], out_channels, 1)
+        self.time_embed_mixer = nn.Linear(2 * time_embed_dim, time_embed_dim, bias=False) if meanflow else None
 
     def _attention_bias(self, x: torch.Tensor, mask: torch.Tensor, streaming: bool) -> torch.Tensor:
         if self.causal and streaming:
@@ -275,10 +279,15 @@ class ConditionalDecoder(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, mu: torch.Tensor, t: torch.Tensor,
                 spks: torch.Tensor | None = None, cond: torch.Tensor | None = None,
-                streaming: bool = False) -> torch.Tensor:
-        """Velocity (B, out, T) for x, mu, cond (B, C, T), mask (B, 1, T), t (B,), spks (B, S)."""
+                streaming: bool = False, r: torch.Tensor | None = None) -> torch.Tensor:
+        """Velocity (B, out, T) for x, mu, cond (B, C, T), mask (B, 1, T), t and r (B,) (r: mean flow), spks (B, S)."""
         t = self.time_embeddings(t).to(t.dtype)
         t = self.time_mlp(t)
+        if self.time_embed_mixer is not None:
+            if r is None:
+                raise ValueError("a mean-flow estimator needs the step's end time r")
+            r = self.time_mlp(self.time_embeddings(r).to(t.dtype))
+            t = self.time_embed_mixer(torch.cat([t, r], dim=1))
         parts = [x, mu]
         if spks is not None:
             parts.append(spks.unsqueeze(-1).expand(-1, -1, x.shape[-1]))

@@ -23,7 +23,8 @@ class _HiFTBase(nn.Module):
     """What both generators share: their sizes and layers (causal or not), the fusion body and the STFT pair.
 
     Sizes are keyword arguments named as in the yaml `hift` node; only the causal generator takes
-    `conv_pre_look_right` and the construction-time `noise`, and it needs both.
+    `conv_pre_look_right` and the construction-time `noise`, and it needs both. `sine2` chooses the
+    sine generator (None: by rate, as CosyVoice does).
     """
 
     causal = False
@@ -34,7 +35,7 @@ class _HiFTBase(nn.Module):
                  resblock_dilation_sizes: list[list[int]], source_resblock_kernel_sizes: list[int],
                  source_resblock_dilation_sizes: list[list[int]], lrelu_slope: float, audio_limit: float,
                  f0_predictor: nn.Module, conv_pre_look_right: int | None = None,
-                 noise: FixedSourceNoise | None = None):
+                 noise: FixedSourceNoise | None = None, sine2: bool | None = None):
         super().__init__()
         causal = self.causal
         if causal != (conv_pre_look_right is not None and noise is not None):
@@ -55,8 +56,11 @@ class _HiFTBase(nn.Module):
                                        for k, d in zip(resblock_kernel_sizes, resblock_dilation_sizes))
         self.reflection_pad = nn.ReflectionPad1d((1, 0))
         self.register_buffer("stft_window", hann_window(self.n_fft), persistent=False)
-        # Upstream picks the generator by rate: the original SineGen only for CosyVoice 1/2 at 22.05 kHz.
-        if sampling_rate == 22050 and not causal:
+        # CosyVoice picks the generator by rate (sine2=None): the original SineGen only for v1/v2 at
+        # 22.05 kHz; Chatterbox's 24 kHz HiFT keeps the original (sine2=False).
+        if sine2 is None:
+            sine2 = sampling_rate != 22050 or causal
+        if not sine2:
             sine = SineGen(sampling_rate, nb_harmonics, nsf_alpha, nsf_sigma, nsf_voiced_threshold)
         else:
             sine = SineGen2(sampling_rate, self.upsample_scale, nb_harmonics, nsf_alpha, nsf_sigma,

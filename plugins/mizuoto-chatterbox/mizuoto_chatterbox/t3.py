@@ -29,14 +29,12 @@ from typing import Iterator
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
 from torch import nn
 
-from mizuoto.errors import ModelLoadError
 from mizuoto.nn.lm import logits as lp
 from mizuoto.nn.lm.decoder import Decoder, DecoderConfig
 from mizuoto.runtime.convert.checkpoint import DictSource, match_state_dict
-from mizuoto_chatterbox.files import reduced_sizes
+from mizuoto_chatterbox.weights import count_children, read_weights, reduced_config
 
 START_TEXT, STOP_TEXT = 255, 0  # the English text table's start and stop ids
 START_SPEECH, STOP_SPEECH = 6561, 6562
@@ -217,23 +215,16 @@ class T3(nn.Module):
         return scores
 
 
-def _layers(state: dict, prefix: str) -> int:
-    return len({k[len(prefix):].split(".", 1)[0] for k in state if k.startswith(prefix)})
-
-
 def load_t3(path: str | Path) -> T3:
     """T3 from upstream's `t3_cfg.safetensors` (English) or `t3_turbo_v1.safetensors` (Turbo), sizes from the weights."""
     path = Path(path)
-    try:
-        state = load_file(str(path))
-    except Exception as exc:  # a truncated or foreign file fails in many ways inside safetensors
-        raise ModelLoadError(f"cannot read {path}: {type(exc).__name__}: {exc}") from None
-    reduced = reduced_sizes(path.parent)
+    state = read_weights(path)
+    reduced = reduced_config(path.parent)
     d = state["speech_emb.weight"].shape[1]
     if "tfmr.wte.weight" in state:  # GPT-2
         gpt2 = reduced.get("t3_gpt2", {})
         backbone = DecoderConfig.from_dict({
-            "model_type": "gpt2", "n_embd": d, "n_layer": _layers(state, "tfmr.h."),
+            "model_type": "gpt2", "n_embd": d, "n_layer": count_children(state, "tfmr.h."),
             "n_head": gpt2.get("n_head", GPT2_HEADS), "n_positions": state["tfmr.wpe.weight"].shape[0],
             "n_inner": state["tfmr.h.0.mlp.c_fc.weight"].shape[1], "vocab_size": state["tfmr.wte.weight"].shape[0]})
         perceiver = None
@@ -242,7 +233,7 @@ def load_t3(path: str | Path) -> T3:
         llama = reduced.get("t3_llama", {})
         head_dim = llama.get("head_dim", LLAMA["head_dim"])
         backbone = DecoderConfig.from_dict(dict(
-            LLAMA, hidden_size=d, num_hidden_layers=_layers(state, "tfmr.layers."), head_dim=head_dim,
+            LLAMA, hidden_size=d, num_hidden_layers=count_children(state, "tfmr.layers."), head_dim=head_dim,
             num_attention_heads=llama.get("num_attention_heads", d // head_dim),
             num_key_value_heads=llama.get("num_key_value_heads", d // head_dim),
             intermediate_size=state["tfmr.layers.0.mlp.gate_proj.weight"].shape[0],

@@ -19,7 +19,7 @@ from mizuoto.nn.dsp.mel import MatchaMelConfig, matcha_mel, whisper_log_mel
 from mizuoto.nn.speaker import LSTMSpeakerEncoder
 from mizuoto.runtime.convert.checkpoint import DictSource, match_state_dict
 from mizuoto.runtime.convert.s3tokenizer import s3tokenizer_from_state
-from mizuoto_chatterbox.files import S3GEN_FILES, one_of, reduced_sizes
+from mizuoto_chatterbox.weights import S3GEN_FILES, one_of, read_weights, reduced_config
 
 S3_HEADS = 20  # the released S3 tokenizer's (s3tokenizer's ModelConfig)
 # T3's speech prompt: the clip's first seconds at 16 kHz, and at most this many tokens (English, Turbo)
@@ -59,11 +59,9 @@ def load_preset(path: str | Path) -> Voice:
 
 def load_voice_encoder(path: str | Path) -> LSTMSpeakerEncoder:
     """Upstream's `ve.safetensors` as an LSTM speaker encoder, sizes from the weights."""
-    from safetensors.torch import load_file
-
     path = Path(path)
+    state = read_weights(path)
     try:
-        state = load_file(str(path))
         layers = len({m.group(1) for k in state if (m := re.fullmatch(r"lstm\.weight_ih_l(\d+)", k))})
         hidden, mels = state["lstm.weight_hh_l0"].shape[1], state["lstm.weight_ih_l0"].shape[1]
         size = state["proj.weight"].shape[0]
@@ -85,11 +83,9 @@ def prompt_mel(wav_24k: torch.Tensor) -> torch.Tensor:
 
 def load_s3_tokenizer(model_dir: str | Path) -> S3Tokenizer:
     """The S3 tokenizer inside the directory's S3Gen weights (mizuoto's block, the package's layout)."""
-    from safetensors.torch import load_file
-
     path = one_of(model_dir, S3GEN_FILES)
-    heads = reduced_sizes(model_dir).get("s3_tokenizer", {}).get("n_audio_head", S3_HEADS)
-    return s3tokenizer_from_state(load_file(str(path)), prefix="tokenizer.", n_head=heads, where=path)
+    heads = reduced_config(model_dir).get("s3_tokenizer", {}).get("n_audio_head", S3_HEADS)
+    return s3tokenizer_from_state(read_weights(path), prefix="tokenizer.", n_head=heads, where=path)
 
 
 def prompt_tokens(tokenizer: S3Tokenizer, wav_16k: torch.Tensor, turbo: bool) -> torch.Tensor:

@@ -3,6 +3,7 @@
 `$MIZUOTO_CHATTERBOX_FIXTURES` points at another tree of the same layout (default: fixtures/ here).
 """
 
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -28,6 +29,32 @@ class Case:
 
     def tensors(self) -> dict:
         return load_file(str(self.path / "record.safetensors"))
+
+    def model_file(self, names: dict) -> Path:
+        """The one file of `names` (`weights.T3_FILES`, `S3GEN_FILES`) in the case's model dir."""
+        from mizuoto_chatterbox.weights import one_of
+
+        return one_of(self.model_dir, names)
+
+    def t3(self):
+        """The case's T3, loaded once per model dir."""
+        from mizuoto_chatterbox.t3 import load_t3
+        from mizuoto_chatterbox.weights import T3_FILES
+
+        return _cached(load_t3, self.model_file(T3_FILES))
+
+    def t3_options(self):
+        """The generate kwargs T3 reads."""
+        from mizuoto_chatterbox.t3 import T3Options
+
+        kw = self.spec["generate_kwargs"]
+        return T3Options(**{k: kw[k] for k in ("temperature", "top_p", "min_p", "top_k", "repetition_penalty",
+                                                "cfg_weight") if k in kw})
+
+
+@functools.lru_cache(maxsize=None)
+def _cached(load, path: Path):
+    return load(path)
 
 
 def cases() -> list[Case]:
