@@ -296,10 +296,12 @@ def until(check, what: str, timeout: float = 30.0) -> None:
         time.sleep(0.02)
 
 
-def _trim() -> None:
-    """gc, then glibc gives back its freed pages (so allocator caching is not growth)."""
+def resident_bytes() -> int:
+    """Resident memory of this process after glibc returns its freed pages (so allocator caching is not growth)."""
     import ctypes
     import ctypes.util
+
+    import psutil
 
     gc.collect()
     libc = ctypes.util.find_library("c")
@@ -308,35 +310,6 @@ def _trim() -> None:
             ctypes.CDLL(libc).malloc_trim(0)
         except (OSError, AttributeError):  # not glibc
             pass
-
-
-def resident_bytes() -> int:
-    """Resident memory of this process after glibc returns its freed pages (so allocator caching is not growth)."""
-    import psutil
-
-    _trim()
-    return psutil.Process().memory_info().rss
-
-
-def anonymous_bytes() -> int:
-    """This process's anonymous resident memory (heap, tensors, stacks) after gc and malloc_trim.
-
-    The pages of mapped files (the libraries' code) are left out: under memory pressure the kernel
-    drops them and faults them back on their next use, 10-30 MiB at a time, which is not growth.
-    (Measured 2026-12-04: with 21 of 24 GB held by another process, the cancelled-streams test saw
-    its resident memory step up by 12-32 MiB between samples and failed one run in three.)
-    Elsewhere than Linux, the resident memory.
-    """
-    _trim()
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    import psutil
-
     return psutil.Process().memory_info().rss
 
 
@@ -356,7 +329,6 @@ def h() -> SimpleNamespace:
     return SimpleNamespace(admin=ADMIN, read_audio=read_audio, wav_base64=wav_base64, tone_seconds=tone_seconds,
                            clip_base64=fixture_clip_base64, ref_text=REF_TEXT,
                            job_threads=job_threads, wait_idle=wait_idle, until=until, resident_bytes=resident_bytes,
-                           anonymous_bytes=anonymous_bytes,
                            planned_memory=planned_memory, in_fresh_process=in_fresh_process,
                            cosyvoice2_dir=cosyvoice2_fixture_dir,
                            start_server=start_server, make_runtime=make_runtime, write_slow_model=write_slow_model,

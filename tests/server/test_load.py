@@ -126,11 +126,11 @@ def test_sixteen_concurrent_mixed(server, client, h, cosy_expected, registered):
         cosy_expected(COSY_TEXT, half, stream)
     _check(_round(server.url, h), h, cosy_expected)  # warm-up round
     h.wait_idle(client)
-    planned, rss = h.planned_memory(client), h.anonymous_bytes()
+    planned, rss = h.planned_memory(client), h.resident_bytes()
     _check(_round(server.url, h), h, cosy_expected)
     h.wait_idle(client)
     assert h.planned_memory(client) == planned
-    assert h.anonymous_bytes() - rss < 64 << 20
+    assert h.resident_bytes() - rss < 64 << 20
 
 
 def test_fifty_cancelled_streams_in_a_fresh_process(tmp_path, h):
@@ -165,18 +165,18 @@ def test_fifty_cancelled_streams_leave_no_growth(server, client, h):
     for _ in range(50):
         one()
     h.wait_idle(client)
-    before, planned, rss = _cancelled(client), h.planned_memory(client), h.anonymous_bytes()
+    before, planned, rss = _cancelled(client), h.planned_memory(client), h.resident_bytes()
     done, steps = [0], [0.0]  # streams so far, resident MiB above the baseline after them
     for i in range(STREAMS):
         one()
         if i % SAMPLE_EVERY == SAMPLE_EVERY - 1:
             h.wait_idle(client)
             done.append(i + 1)
-            steps.append((h.anonymous_bytes() - rss) / 2**20)
+            steps.append((h.resident_bytes() - rss) / 2**20)
     assert _cancelled(client) - before == STREAMS
     assert h.planned_memory(client) == planned
     slope = float(np.polyfit(done, steps, 1)[0]) * 10  # least squares, MiB per 10 streams
-    assert slope < SLOPE_MIB_PER_10, (f"anonymous resident memory grows {slope:.2f} MiB per 10 cancelled streams "
+    assert slope < SLOPE_MIB_PER_10, (f"resident memory grows {slope:.2f} MiB per 10 cancelled streams "
                                       f"(MiB after each {SAMPLE_EVERY}: {[round(x, 1) for x in steps]})")
     for model in bodies:
         assert client.post("/v1/audio/speech", json={"model": model, **bodies[model], "input": "ab"}).status_code == 200
