@@ -45,6 +45,7 @@ class ModelInfo:
     batch_width: int = 1  # requests it runs at once (compute.batch, where its engine batches)
     running: int = 0  # requests running on it now
     loop_failures: int = 0  # failures of its compute loop itself (each answered to its waiters; the loop goes on)
+    compute_pending: int = 0  # calls waiting on or running in its compute loop (Executor.pending)
 
 
 @dataclass(frozen=True)
@@ -316,7 +317,7 @@ class Runtime:
         return ModelInfo(m.name, m.engine, m.variant, m.path, m.options.device,
                          self._pool(m.options.device).state(m.name) or "host", m.plan.strategy,
                          m.model.capabilities, m.model.batch_width, m.scheduler.running,
-                         m.scheduler.executor.failures)
+                         m.scheduler.executor.failures, m.scheduler.executor.pending())
 
     def model(self, model: str) -> Model:
         """The engine's Model object of a loaded model (its stages, capabilities)."""

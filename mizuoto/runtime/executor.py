@@ -62,6 +62,7 @@ class Executor:
         self._thread: threading.Thread | None = None
         self._calls: collections.deque[Call] = collections.deque()
         self._running: Call | None = None  # the call on the thread now: its lease is the stage gate's
+        self._working = False  # the loop runs a unit of work now (a call, or a batch's step)
         self._seconds: collections.Counter[str] = collections.Counter()  # the loop's time by kind of work
         self._nested = 0.0  # seconds of the current unit of work already counted under a nested kind
 
@@ -95,6 +96,15 @@ class Executor:
         if job.error is not None:
             raise job.error
         return job.result
+
+    def pending(self) -> int:
+        """Calls waiting plus the unit of work running now: 0 when the loop is idle.
+
+        A cancelled request stops waiting at once, but a call of its that had started runs to its end
+        here (its working memory is live until then).
+        """
+        with self.cond:
+            return len(self._calls) + int(self._working)
 
     def running_lease(self) -> Lease | None:
         """The lease of the call being run, when asked from the executor's own thread (else None)."""
@@ -212,6 +222,7 @@ class Executor:
                     if self.closed:
                         return
                     self._running = work[1] if work[0] == "call" else None
+                    self._working = True
                 self._run(*work)
             except BaseException as e:  # the loop's own failure: every waiter hears of it, the loop goes on
                 log.exception("%s: the %s failed; its waiting requests get the error", self.name, self.label)
@@ -223,3 +234,4 @@ class Executor:
                     self._fail_waiting(error)
             finally:
                 self._running = None
+                self._working = False

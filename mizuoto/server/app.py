@@ -245,8 +245,9 @@ async def _metrics(request: Request) -> Response:
     models = state.runtime.models()
     batches = [(m.name, m.batch_width, m.running) for m in models]
     failures = [(m.name, m.loop_failures) for m in models]
+    pending = [(m.name, m.compute_pending) for m in models]
     body, media = state.metrics.exposition(request.headers.get("accept"), state.limiter, rows, batches,
-                                           state.runtime.evictions, failures)
+                                           state.runtime.evictions, failures, pending)
     return Response(body, media_type=media)
 
 

@@ -80,23 +80,25 @@ class Metrics:
 
     def exposition(self, accept: str | None, admission: Any, memory: list[tuple[str, str, str, int]],
                    batches: list[tuple[str, int, int]] = (), evictions: int = 0,
-                   loop_failures: list[tuple[str, int]] = ()) -> tuple[bytes, str]:
+                   loop_failures: list[tuple[str, int]] = (),
+                   compute_pending: list[tuple[str, int]] = ()) -> tuple[bytes, str]:
         """(body, content type) of a scrape: OpenMetrics when `accept` asks for it, else the text format 0.0.4.
 
         `admission` is the JobSlots; `memory` rows are (suffix, device, model, bytes); `batches` rows
         (model, batch width, running); `evictions` the runtime's count of models evicted to admit
-        others; `loop_failures` rows (model, failures of its compute loop, each answered to its waiters).
+        others; `loop_failures` rows (model, failures of its compute loop, each answered to its waiters);
+        `compute_pending` rows (model, calls waiting on or running in its compute loop).
         """
         encode, media = choose_encoder(accept or "")
         with self._scraping:
-            self._scrape = (admission, memory, batches, evictions, loop_failures)
+            self._scrape = (admission, memory, batches, evictions, loop_failures, compute_pending)
             return encode(self.registry), media
 
     def collect(self) -> Iterator[Metric]:
         """The families of a scrape (prometheus_client's collector protocol)."""
         if not self._scrape:
             return
-        admission, memory, batches, evictions, loop_failures = self._scrape
+        admission, memory, batches, evictions, loop_failures, compute_pending = self._scrape
 
         def family(kind: type, name: str, text: str, value: float | None = None, labels: tuple = (),
                    rows: list = ()) -> Metric:
@@ -136,6 +138,9 @@ class Metrics:
         yield counter("compute_loop_failures", "Failures of a model's compute (batch) loop itself; each reached its "
                       "waiting requests and the loop went on.", labels=("model",),
                       rows=[([m], n) for m, n in loop_failures])
+        yield gauge("compute_pending", "Calls waiting on or running in a model's compute loop (a cancelled "
+                    "request's started call runs to its end).", labels=("model",),
+                    rows=[([m], n) for m, n in compute_pending])
         yield counter("model_evictions", "Models offloaded or unloaded to make room for others.", evictions)
         for suffix, text in _MEMORY.items():  # a budget and a use are per device, a plan per model too
             labels = ("device", "model") if suffix == "memory_planned_bytes" else ("device",)

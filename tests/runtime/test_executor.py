@@ -116,3 +116,36 @@ def test_the_loop_counts_its_time_by_kind_nested_kinds_apart(monkeypatch):
         assert "elsewhere" not in ex.timings()
     finally:
         ex.close()
+
+
+def test_pending_counts_waiting_calls_and_the_running_one_and_a_cancelled_callers_started_call():
+    """A caller whose lease ends stops waiting, but its started call runs on: pending says so until it ends."""
+    ex = Executor("pending")
+    started, release = threading.Event(), threading.Event()
+    try:
+        assert ex.pending() == 0
+        lease = Lease(None)
+        caller = threading.Thread(target=lambda: _swallow(lambda: ex.call(lambda: (started.set(), release.wait(5)),
+                                                                            lease)))
+        caller.start()
+        assert started.wait(5)
+        assert ex.pending() == 1
+        lease.cancel("the client left")
+        caller.join(5)
+        assert not caller.is_alive(), "the cancelled caller stopped waiting"
+        assert ex.pending() == 1, "its started call still runs"
+        release.set()
+        deadline = time.monotonic() + 5
+        while ex.pending() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert ex.pending() == 0
+    finally:
+        release.set()
+        ex.close()
+
+
+def _swallow(fn):
+    try:
+        fn()
+    except RequestCancelled:
+        pass

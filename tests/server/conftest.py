@@ -278,11 +278,14 @@ def job_threads() -> int:
 
 
 def wait_idle(client: httpx.Client, timeout: float = 10.0) -> None:
-    """Wait until no job runs (workers notice cancellation at their next chunk)."""
+    """Wait until no job runs (workers notice cancellation at their next chunk) and no compute loop has work
+    (a cancelled request's started call runs to its end, its working memory live until then)."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         text = client.get("/metrics").text
-        if "mizuoto_requests_in_flight 0" in text and job_threads() == 0:
+        pending = [line for line in text.splitlines() if line.startswith("mizuoto_compute_pending{")]
+        if "mizuoto_requests_in_flight 0" in text and job_threads() == 0 \
+                and all(float(line.rsplit(" ", 1)[1]) == 0 for line in pending):
             return
         time.sleep(0.05)
     raise AssertionError(f"jobs still running after {timeout} s: {job_threads()} worker threads")
