@@ -17,6 +17,7 @@ import torch
 
 from mizuoto.errors import AudioError, InvalidRequest
 from mizuoto.runtime.executor import Executor  # public here: a model running several requests at once brings one
+from mizuoto.runtime.request_options import RequestOption, check_declared, check_given, resolve_options  # noqa: F401 (public here)
 
 # Synthesis modes (see docs/architecture.md):
 #   preset        speak as a preset speaker the model ships (voice = preset id)
@@ -118,9 +119,11 @@ class Capabilities:
     stream_in: bool = False
     languages: tuple[str, ...] = ()
     voice_cache: bool = False  # the model implements add_voice
+    options: tuple[RequestOption, ...] = ()  # engine-specific request settings (runtime.request_options)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "modes", frozenset(self.modes))
+        object.__setattr__(self, "options", check_declared(self.options))
         object.__setattr__(self, "languages", tuple(self.languages))
         if not self.modes:
             raise InvalidRequest("capabilities: at least one mode is required")
@@ -143,8 +146,11 @@ class SynthesisRequest:
     speed: float = 1.0
     stream: bool = False
     seed: int | None = None
+    # engine-specific settings by name (Capabilities.options); check_request fills in every default
+    options: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "options", check_given(self.options))
         if self.mode is not None and self.mode not in MODES:
             raise InvalidRequest(f"unknown mode {self.mode!r}; known: {', '.join(MODES)}")
         if isinstance(self.text, str):
@@ -231,7 +237,7 @@ def check_request(request: SynthesisRequest, model: Model, name: str = "model") 
         raise InvalidRequest(f"{name} cannot stream audio out")
     if request.text_streamed and not caps.stream_in:
         raise InvalidRequest(f"{name} cannot take streamed text in; pass the text as one string")
-    return request
+    return replace(request, options=resolve_options(caps.options, request.options, name))
 
 
 @dataclass(frozen=True)

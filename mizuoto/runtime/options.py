@@ -68,9 +68,12 @@ class LoadOptions:
     device: str = "auto"
     precision: str = "fp32"
     compute: ComputeOptions = field(default_factory=ComputeOptions)
+    # engines whose upstream marks its output (Chatterbox's Perth watermark) skip the mark when False
+    watermark: bool = True
 
     def __post_init__(self) -> None:
         _choice("precision", self.precision, PRECISIONS)
+        object.__setattr__(self, "watermark", _flag("watermark", self.watermark))
         if not isinstance(self.device, str):
             raise InvalidRequest(f"option device must be a string, got {self.device!r}")
         if self.device != "auto":
@@ -97,11 +100,12 @@ class LoadOptions:
 
     def as_dict(self) -> dict[str, Any]:
         """The options as keyword arguments of `Runtime.load` (and `parse_options`)."""
-        return {"device": self.device, "precision": self.precision, "compute": asdict(self.compute)}
+        return {"device": self.device, "precision": self.precision, "compute": asdict(self.compute),
+                "watermark": self.watermark}
 
 
 _COMPUTE_KEYS = tuple(f.name for f in fields(ComputeOptions))
-KNOWN_KEYS = ("device", "precision", *(f"compute.{k}" for k in _COMPUTE_KEYS))
+KNOWN_KEYS = ("device", "precision", "watermark", *(f"compute.{k}" for k in _COMPUTE_KEYS))
 
 
 def parse_options(options: Mapping[str, Any] | None = None, **kwargs: Any) -> LoadOptions:
@@ -117,7 +121,7 @@ def parse_options(options: Mapping[str, Any] | None = None, **kwargs: Any) -> Lo
                 raise InvalidRequest(f"unknown option {k!r}; known options: {', '.join(KNOWN_KEYS)}")
             flat[k] = v
     compute = ComputeOptions(**{k: flat[f"compute.{k}"] for k in _COMPUTE_KEYS if f"compute.{k}" in flat})
-    top = {k: flat[k] for k in ("device", "precision") if k in flat}
+    top = {k: flat[k] for k in ("device", "precision", "watermark") if k in flat}
     return LoadOptions(compute=compute, **top)
 
 

@@ -11,16 +11,8 @@ on the fixture models and full-size random models (docs/memory.md, "Calibration"
   growing buffers fragment glibc's arenas; v1's wenet cache is rebuilt per block each step and
   stacked: three copies), the prefill's activations (LM_PREFILL_WIDTHS of its widest layer per
   prompt position) and each row's logits.
-- **Flow** (`tokens` into the encoder, `frames` the decoder runs on): the encoder and the decoder
-  run one after the other, so the call needs the larger of the two. Each holds (T x T) float
-  matrices: the conformer's relative-position attention RELPOS_SQUARE per head, and RELPOS_LINEAR
-  floats per position and head (T = tokens before the upsampling, frames after; the same on the
-  fixture and the released sizes); the U-Net's one per CFG row and head (its additive mask repeated
-  per head) and UNET_ROW_COPIES per row; the DiT's DIT_COPIES per CFG row (its boolean mask
-  broadcast over heads). The estimator's activations linear in the frames: copies of its stacked
-  input and of its width per frame and row (UNET_*_COPIES, DIT_*_COPIES).
-- **Vocoder** (`frames` of mel): linear in the samples it makes: the harmonic source at the
-  output rate and its densest upsampled activation.
+- **Flow** and **vocoder**: `mizuoto.nn.flow.memory.FlowMemory` and `mizuoto.nn.vocoders.memory.HiftMemory`
+  (the blocks' own figures, shared with other engines built from them).
 
 A request is admitted with the LM's bound (its KV cache at upstream's length cap for the longest
 segment's text tokens, counted with the model's own tokenizer) and with what its flow and vocoder
@@ -37,35 +29,14 @@ from torch import nn
 
 from mizuoto.engines.cosyvoice.llm import (MAX_TOKEN_TEXT_RATIO, MIN_TOKEN_TEXT_RATIO, PROMPT_POSITIONS_CAP,
                                            QwenSpeechLM, TransformerSpeechLM)
-from mizuoto.nn.flow.unet1d import Attention as UNetAttention
-from mizuoto.nn.transformer.attention import RelPositionMultiHeadedAttention
-from mizuoto.nn.transformer.dit import Attention as DiTAttention
+from mizuoto.nn.flow.memory import FIXED_BYTES, FLOAT, FlowMemory
+from mizuoto.nn.vocoders.memory import HiftMemory
 from mizuoto.runtime.engine import SynthesisRequest
 
-FLOAT = 4
-CFG_ROWS = 2  # the flow's estimator runs the conditioned and the unconditioned row together
-# conformer self-attention with relative positions, per head (batch of one): (T x T) floats live at
-# once (scores, position scores, their sum, softmax, masked copies) and per-position buffers
-RELPOS_SQUARE, RELPOS_LINEAR = 6.8, 1900
-UNET_ROW_COPIES = 1.2  # U-Net attention per CFG row: the mask repeated per head (one copy each), + this
-DIT_COPIES = 1.3  # DiT attention per CFG row: its boolean mask broadcast over heads, and its float form
-# the estimator's activations per frame and CFG row, in copies of its stacked input (320 channels
-# in every released and fixture model) and of its width: the U-Net's widest convolution (80 and 256
-# channels), the DiT's model width (32 and 1024); fitted on the fixture and the full-size models
-UNET_INPUT_COPIES, UNET_CHANNEL_COPIES = 1.9, 11.7
-UNET_FIXED_BYTES = 3 << 20  # its timestep embedding and per-block buffers, whatever the frames
-DIT_INPUT_COPIES, DIT_WIDTH_COPIES = 4.1, 7.6
-DIT_FIXED_PER_WIDTH = 12 << 10  # whatever the frames: 12 MiB at the released width (its weights' kernel workspaces)
-# the vocoder per output sample: its harmonic source, and HIFT_CHANNEL_COPIES of its densest
-# upsampled activation (channels x positions per sample: 16 floats for the released 512-channel
-# HiFT, under 1 for the fixture's); its short calls' small buffers stay in glibc's arenas
-HIFT_SOURCE_BYTES, HIFT_CHANNEL_COPIES = 240, 6.9
-HIFT_FIXED_BYTES, HIFT_FIXED_PER_CHANNEL = 6.5 * (1 << 20), 0.75 * (1 << 20)
 # the LM: its cache 1.5 times while it grows (the old beside the new; growing buffers fragment
 # glibc's arenas); a prefill's activations per position, in widths of its widest layer
 LM_CACHE_COPIES = 1.5
 LM_PREFILL_WIDTHS = 6
-FIXED_BYTES = 1 << 20  # what any call allocates whatever its size (kernel workspaces, small buffers)
 
 
 def _widest(module: nn.Module) -> int:
@@ -105,70 +76,6 @@ class LmMemory:
         """Its figure at upstream's cap: a prompt of PROMPT_POSITIONS_CAP, MAX_TOKEN_TEXT_RATIO speech tokens per text token."""
         prefill = PROMPT_POSITIONS_CAP + text_tokens
         return self(prefill + MAX_TOKEN_TEXT_RATIO * text_tokens, prefill=prefill)
-
-
-# ---- the flow -------------------------------------------------------------------------------------
-
-class FlowMemory:
-    """The flow's call figure over `tokens` encoder tokens and `frames` decoder frames (see the module docstring)."""
-
-    def __init__(self, flow: nn.Module):
-        self.encoder_sites: list[tuple[str, int]] = []  # (rate, heads) of each conformer attention stack
-        encoder = getattr(flow, "encoder", None)
-        if encoder is not None:
-            for stack, rate in (("encoders", "tokens"), ("up_encoders", "frames")):
-                heads = [m.h for m in getattr(encoder, stack, nn.ModuleList()).modules()
-                         if isinstance(m, RelPositionMultiHeadedAttention)]
-                if heads:
-                    self.encoder_sites.append((rate, max(heads)))
-        estimator = flow.decoder.estimator
-        unet = [m.heads for m in estimator.modules() if isinstance(m, UNetAttention)]
-        dit = [m for m in estimator.modules() if isinstance(m, DiTAttention)]
-        if unet:
-            convs = max(m.out_channels for m in estimator.modules() if isinstance(m, nn.Conv1d))
-            self.copies, self.kind = max(unet) + UNET_ROW_COPIES, "unet"
-            self.per_frame = UNET_INPUT_COPIES * estimator.in_channels + UNET_CHANNEL_COPIES * convs
-            self.fixed = UNET_FIXED_BYTES
-        elif dit:
-            proj = estimator.input_embed.proj
-            self.copies, self.kind = DIT_COPIES, "dit"
-            self.per_frame = DIT_INPUT_COPIES * proj.in_features + DIT_WIDTH_COPIES * proj.out_features
-            self.fixed = DIT_FIXED_PER_WIDTH * proj.out_features
-        else:
-            raise TypeError(f"no known attention in the flow estimator {type(estimator).__name__}")
-
-    def encoder(self, tokens: int, frames: int) -> float:
-        """Bytes the encoder needs (0 without one): its widest attention site."""
-        sizes = {"tokens": tokens, "frames": frames}
-        return max((FLOAT * heads * (RELPOS_SQUARE * sizes[rate] ** 2 + RELPOS_LINEAR * sizes[rate])
-                    for rate, heads in self.encoder_sites), default=0.0)
-
-    def decoder(self, frames: int) -> float:
-        """Bytes the estimator needs on `frames` (both CFG rows)."""
-        return FLOAT * CFG_ROWS * (self.copies * frames ** 2 + self.per_frame * frames) + self.fixed
-
-    def __call__(self, tokens: int, frames: int) -> int:
-        """Bytes for one flow call."""
-        return int(max(self.encoder(tokens, frames), self.decoder(frames)) + FIXED_BYTES)
-
-
-# ---- the vocoder ----------------------------------------------------------------------------------
-
-class HiftMemory:
-    """The vocoder's call figure over `frames` mel frames."""
-
-    def __init__(self, hift: nn.Module):
-        self.samples_per_frame = hift.upsample_scale
-        positions, densest = 1, 0.0
-        for rate, up in zip(hift.upsample_rates, hift.ups):
-            positions *= rate
-            densest = max(densest, up.out_channels * positions / self.samples_per_frame)
-        self.per_sample = HIFT_SOURCE_BYTES + HIFT_CHANNEL_COPIES * FLOAT * densest
-        self.fixed = HIFT_FIXED_BYTES + HIFT_FIXED_PER_CHANNEL * densest
-
-    def __call__(self, frames: int) -> int:
-        """Bytes for one vocoder call."""
-        return int(self.per_sample * self.samples_per_frame * frames + self.fixed)
 
 
 # ---- what a request is admitted with --------------------------------------------------------------

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from mizuoto.engines.cosyvoice.llm import MAX_TOKEN_TEXT_RATIO
 from mizuoto.errors import InvalidRequest
+from mizuoto.nn.vocoders.crossfade import fade_in_out
 
 StageGate = Callable[[str], contextlib.AbstractContextManager]
 
@@ -80,16 +81,6 @@ def schedule_for(version: int, flow: FlowStage, sample_rate: int) -> StreamSched
                               20, 20 * 256)
     hop_len = sample_rate // 50  # mel hop: 480 at 24 kHz
     return StreamSchedule(version, 25, 100, 2, 0, 0, 8, 8 * hop_len, flow.token_mel_ratio, flow.pre_lookahead_len)
-
-
-def fade_in_out(fade_in: torch.Tensor, fade_out: torch.Tensor, window: np.ndarray) -> torch.Tensor:
-    """Crossfade as upstream: the numpy (float64) window promotes the product, then it is stored as float32."""
-    n = window.shape[0] // 2
-    out = fade_in.clone()
-    win = torch.from_numpy(window).to(fade_in.device)
-    mixed = fade_in[..., :n].double() * win[:n] + fade_out[..., -n:].double() * win[n:]
-    out[..., :n] = mixed.to(out.dtype)
-    return out
 
 
 class Synthesizer:

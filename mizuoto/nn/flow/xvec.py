@@ -62,13 +62,16 @@ class XvecFlow(nn.Module):
         return spks, self.embed_tokens(prompt_token, token, spks)
 
     def decode(self, h: torch.Tensor, prompt_feat: torch.Tensor, spks: torch.Tensor, streaming: bool,
-               noise_tail: torch.Tensor | None = None) -> torch.Tensor:
+               noise_tail: torch.Tensor | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
         """v2/v3: mel (1, output_size, frames) from mel-rate features h (1, frames, output_size), prompt cut off.
 
-        noise_tail: noise drawn by the caller for the frames past the prompt (Chatterbox Turbo's mean flow).
+        noise_tail: noise drawn by the caller for the frames past the prompt (Chatterbox Turbo's mean flow);
+        generator: where a flow without a fixed noise buffer draws its noise (None: torch's default).
         """
         frames = h.shape[1]
         extra = {} if noise_tail is None else {"noise_tail": noise_tail}
+        if generator is not None:
+            extra["generator"] = generator
         feat = self.decoder(mu=h.transpose(1, 2).contiguous(), mask=self.full_mask(frames, h), spks=spks,
                             cond=self.conditions(prompt_feat, frames, h), n_timesteps=self.n_timesteps,
                             streaming=streaming, **extra)
@@ -114,11 +117,11 @@ class CausalMaskedDiffWithXvec(XvecFlow):
     @torch.inference_mode()
     def inference(self, token: torch.Tensor, prompt_token: torch.Tensor, prompt_feat: torch.Tensor,
                   embedding: torch.Tensor, streaming: bool = False, finalize: bool = True,
-                  noise_tail: torch.Tensor | None = None) -> torch.Tensor:
+                  noise_tail: torch.Tensor | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
         """Mel (1, output_size, frames) for `token`, the prompt's frames cut off.
 
         finalize=False: the last pre_lookahead_len tokens only serve as look-ahead (a streaming
-        chunk that more tokens will follow); streaming=True: chunked attention; noise_tail: see decode.
+        chunk that more tokens will follow); streaming=True: chunked attention; noise_tail, generator: see decode.
         """
         spks, xs = self.embed_request(token, prompt_token, prompt_feat, embedding)
         xs_lens = torch.tensor([xs.shape[1]], dtype=torch.int32, device=xs.device)
@@ -128,4 +131,4 @@ class CausalMaskedDiffWithXvec(XvecFlow):
             xs, context = xs[:, :-self.pre_lookahead_len], xs[:, -self.pre_lookahead_len:]
             h, _ = self.encoder(xs, xs_lens, context=context, streaming=streaming)
         self.check_frames(h.shape[1])
-        return self.decode(self.encoder_proj(h), prompt_feat, spks, streaming, noise_tail)
+        return self.decode(self.encoder_proj(h), prompt_feat, spks, streaming, noise_tail, generator)

@@ -67,18 +67,24 @@ class S3Gen(nn.Module):
 
     @torch.inference_mode()
     def mel(self, tokens: torch.Tensor, prompt_token: torch.Tensor, prompt_feat: torch.Tensor,
-            embedding: torch.Tensor) -> torch.Tensor:
-        """Mel (1, 80, M) past the prompt for tokens (T,) or (1, T); draws from torch's default generator."""
+            embedding: torch.Tensor, generator: torch.Generator | None = None, *, finalize: bool = True,
+            streaming: bool = False) -> torch.Tensor:
+        """Mel (1, 80, M) past the prompt for tokens (T,) or (1, T); draws from `generator` (None: torch's default).
+
+        finalize=False: the last tokens serve only as the encoder's look-ahead (a streamed chunk).
+        """
         tokens = tokens.reshape(1, -1)
         noise = None
         if self.meanflow:  # drawn before the flow's own noise, as upstream's flow_inference does
-            noise = torch.randn(1, self.flow.output_size, tokens.size(-1) * self.flow.token_mel_ratio)
-        return self.flow.inference(tokens, prompt_token, prompt_feat, embedding, noise_tail=noise)
+            noise = torch.randn(1, self.flow.output_size, tokens.size(-1) * self.flow.token_mel_ratio,
+                                generator=generator)
+        return self.flow.inference(tokens, prompt_token, prompt_feat, embedding, streaming=streaming,
+                                   finalize=finalize, noise_tail=noise, generator=generator)
 
     @torch.inference_mode()
-    def wav(self, mel: torch.Tensor) -> torch.Tensor:
+    def wav(self, mel: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """Audio (1, 480 M) for mel (1, 80, M): HiFT, then the trim-fade; draws as upstream's HiFT."""
-        wav, _ = self.mel2wav.inference(mel)
+        wav, _ = self.mel2wav.inference(mel, generator=generator)
         wav[:, :len(self.trim_fade)] *= self.trim_fade
         return wav
 

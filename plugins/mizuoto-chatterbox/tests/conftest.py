@@ -27,6 +27,12 @@ class Case:
     def model_dir(self) -> Path:
         return ROOT / self.spec["model_dir"]
 
+    @property
+    def clip(self) -> Path | None:
+        """The reference clip of a clone case (None for a preset)."""
+        clip = self.spec.get("reference_clip")
+        return ROOT / clip if clip else None
+
     def tensors(self) -> dict:
         return load_file(str(self.path / "record.safetensors"))
 

@@ -13,7 +13,8 @@ import json
 
 import pytest
 
-from mizuoto.engines.cosyvoice.memory import FIXED_BYTES, HIFT_FIXED_BYTES, FlowMemory, HiftMemory
+from mizuoto.nn.flow.memory import FIXED_BYTES, FlowMemory
+from mizuoto.nn.vocoders.memory import HIFT_FIXED_BYTES, HiftMemory
 from mizuoto.runtime.engine import Reference, SynthesisRequest
 from mizuoto.runtime.hyperyaml import load_hyperyaml
 from mizuoto.testing.fixtures import asset_path

@@ -1,0 +1,92 @@
+"""The engine through Mizuoto's runtime against upstream's recorded `generate`: the whole request, torch.equal.
+
+Each case's text, seed and generation settings go through `Runtime.synthesize` (the settings as the
+model's declared request options); the audio before the watermark must equal upstream's. A case
+upstream failed in must fail here with a clear error.
+"""
+
+import functools
+
+import pytest
+import torch
+
+from mizuoto.errors import InvalidRequest
+from mizuoto.runtime.api import Runtime
+from mizuoto.runtime.engine import Reference
+
+_RUNTIME: dict = {}
+
+
+def _runtime() -> Runtime:
+    if "rt" not in _RUNTIME:
+        _RUNTIME["rt"] = Runtime()
+    return _RUNTIME["rt"]
+
+
+@functools.lru_cache(maxsize=None)
+def _loaded(model_dir) -> str:
+    return _runtime().load(str(model_dir), watermark=False)
+
+
+def _request(case) -> dict:
+    """The case as `Runtime.synthesize` keywords: settings the model does not take are those upstream ignores."""
+    name = _loaded(case.model_dir)
+    declared = {o.name for o in _runtime().model(name).capabilities.options}
+    kw = case.spec["generate_kwargs"]
+    voice = "default" if case.clip is None else Reference(str(case.clip))
+    return {"voice": voice, "seed": case.spec["seed"], "options": {k: v for k, v in kw.items() if k in declared}}
+
+
+def test_detected_without_naming_the_engine(case):
+    found = _runtime().detect(case.model_dir)
+    turbo = case.spec["class"] == "ChatterboxTurboTTS"
+    assert found == [("chatterbox", "turbo" if turbo else "english")]
+
+
+def test_a_preset_request_equals_upstreams_audio(case):
+    if case.spec["mode"] != "preset":
+        return
+    name = _loaded(case.model_dir)
+    if "expected_error" in case.spec:
+        with pytest.raises(InvalidRequest, match="cfg_weight"):
+            list(_runtime().synthesize(name, case.spec["text"], **_request(case)))
+        return
+    ref = case.tensors()
+    chunks = list(_runtime().synthesize(name, case.spec["text"], **_request(case)))
+    assert len(chunks) == 1 and chunks[0].final and chunks[0].sample_rate == 24000
+    wav = chunks[0].samples
+    assert wav.shape == ref["wav_pre_watermark"].shape
+    assert torch.equal(wav, ref["wav_pre_watermark"]), float((wav - ref["wav_pre_watermark"]).abs().max())
+
+
+def test_streaming_speaks_the_same_tokens_in_growing_chunks(case):
+    if case.spec["mode"] != "preset" or "expected_error" in case.spec:
+        return
+    name = _loaded(case.model_dir)
+    whole = list(_runtime().synthesize(name, case.spec["text"], **_request(case)))[0].samples
+    chunks = list(_runtime().synthesize(name, case.spec["text"], stream=True, **_request(case)))
+    assert [c.index for c in chunks] == list(range(len(chunks)))
+    assert [c.final for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    # the same T3 draws (the same seed), so the same number of samples: only S3Gen's noise differs
+    assert sum(c.samples.numel() for c in chunks) == whole.numel()
+    streamed = torch.cat([c.samples for c in chunks])
+    assert not torch.equal(streamed, torch.zeros_like(streamed))
+
+
+def test_an_option_the_model_does_not_take_is_refused_before_any_work(case):
+    name = _loaded(case.model_dir)
+    with pytest.raises(InvalidRequest, match="no option 'loudness'"):
+        _runtime().synthesize(name, "Hello.", voice=_request(case)["voice"], options={"loudness": 2.0})
+    option = _runtime().model(name).capabilities.options[0]
+    with pytest.raises(InvalidRequest, match=option.name):
+        _runtime().synthesize(name, "Hello.", voice=_request(case)["voice"], options={option.name: "high"})
+
+
+def test_the_watermark_marks_only_when_asked(case, tmp_path):
+    from mizuoto_chatterbox.engine import ChatterboxEngine
+    from mizuoto.runtime.options import parse_options
+
+    model = ChatterboxEngine().load(case.model_dir, parse_options(watermark=False))
+    assert model.watermarker is None
+    audio = torch.linspace(-0.5, 0.5, 2400)
+    assert model.mark(audio) is audio
