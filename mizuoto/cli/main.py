@@ -53,6 +53,8 @@ def _engines_setup(p: argparse.ArgumentParser) -> Callable:
                     f"{'; languages ' + ','.join(caps.languages) if caps.languages else ''}"
                     if caps else "capabilities depend on the model")
             print(f"{name:<12} [{rt.registry.plugin_of(name)}] {what}{'  - ' + cls.description if cls.description else ''}")
+            for option in caps.options if caps else ():
+                print(f"{'':<12}   --param {option.describe()}")
         for failure in rt.failures:
             print(f"unavailable: {failure}")
         return 0
@@ -131,7 +133,7 @@ def _say_setup(p: argparse.ArgumentParser) -> Callable:
     p.add_argument("-m", "--model", required=True, help="model directory or Hugging Face repo id (org/name[@rev])")
     p.add_argument("-o", "--output", required=True, help="output wav path (written atomically)")
     voice = p.add_mutually_exclusive_group()
-    voice.add_argument("--voice", help="preset (or cached) voice id")
+    voice.add_argument("--voice", help="preset (or cached) voice id (default: the model's first preset)")
     voice.add_argument("--ref-audio", help="reference audio file to clone")
     p.add_argument("--ref-text", help="transcript of the reference audio")
     p.add_argument("--instruct", help="instruction text (mode instruct)")
@@ -140,11 +142,17 @@ def _say_setup(p: argparse.ArgumentParser) -> Callable:
     p.add_argument("--speed", type=float, default=1.0)
     p.add_argument("--stream", action="store_true", help="request streaming synthesis (chunked audio)")
     p.add_argument("--seed", type=int)
+    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="a request option the model's engine declares (e.g. Chatterbox's cfg_weight=0.3); "
+                        "repeatable; an unknown name lists the model's options")
     _load_arguments(p)
 
     def run(args: argparse.Namespace) -> int:
+        from dataclasses import replace
+
         from mizuoto.runtime.api import Runtime
         from mizuoto.runtime.engine import Reference, SynthesisRequest
+        from mizuoto.runtime.request_options import parse_settings
 
         if args.ref_text is not None and args.ref_audio is None:
             raise InvalidRequest("--ref-text needs --ref-audio")
@@ -156,6 +164,12 @@ def _say_setup(p: argparse.ArgumentParser) -> Callable:
         with Runtime(vram=args.vram, ram=args.ram) as rt:
             name = rt.load(args.model, engine=args.engine, **options_from_args(args).as_dict())
             info = rt.info(name)
+            presets = [v.id for v in rt.voices(name) if v.kind == "preset"]
+            if voice is None and args.source_audio is None and presets:  # as the HTTP API: the first preset
+                request = replace(request, voice=presets[0])
+            if args.param:
+                declared = rt.model(name).capabilities.options
+                request = replace(request, options=parse_settings(declared, args.param, f"model {name}"))
             seconds, rate, count = write_wav(args.output, rt.synthesize(name, request))
         print(f"wrote {args.output}: {seconds:.2f} s at {rate} Hz in {count} chunk(s)"
               f" ({info.engine} engine on {info.device})")

@@ -25,6 +25,10 @@ def add_wyoming_arguments(p: argparse.ArgumentParser) -> None:
                    help="a voice to clone from a reference clip, offered by every model that clones; its transcript"
                         " is read from CLIP's .txt sibling when there is one (repeatable) [MIZUOTO_VOICES]")
     _flag(p, "--seed", int, None, "seed every request: the same text gives the same audio")
+    params = [v for v in str(_env("PARAMS", "")).split() if v]
+    p.add_argument("--param", action="append", default=params, metavar="NAME=VALUE",
+                   help="a request option for every request whose model's engine declares it (e.g. Chatterbox's "
+                        "exaggeration=0.7; `mizuoto engines` lists them; repeatable) [MIZUOTO_PARAMS]")
     _flag(p, "--idle-timeout", float, 30, "seconds a connection may send no event (a stream waiting for its next"
           " chunk included) before it is closed")
     add_shared_arguments(p)
@@ -91,6 +95,6 @@ def run_wyoming(args: argparse.Namespace) -> int:
     config = ServerConfig(**shared, idle_timeout=args.idle_timeout)
     state = ServerState(Runtime(vram=args.vram, ram=args.ram), config, models)
     _register_voices(state, args.voice)
-    server = WyomingServer(WyomingService(state, args.seed), args.uri)
+    server = WyomingServer(WyomingService(state, args.seed, tuple(args.param)), args.uri)
     asyncio.run(_serve(server, args.shutdown_timeout))
     return 0

@@ -151,7 +151,8 @@ def _model_entry(state: ServerState, name: str, admin: bool = True) -> dict:
         entry.update(owned_by=info.engine, engine=info.engine, variant=info.variant, device=info.device,
                      state=info.state, strategy=info.strategy, sample_rate=caps.sample_rate, modes=sorted(caps.modes),
                      stream_out=caps.stream_out, stream_in=caps.stream_in, languages=list(caps.languages),
-                     voices=[v.id for v in state.runtime.voices(name)])
+                     voices=[v.id for v in state.runtime.voices(name)],
+                     options=[{"name": o.name, **o.schema()} for o in caps.options])
     else:
         entry["owned_by"] = "mizuoto"
     return entry

@@ -63,7 +63,7 @@ def from_exception(e: BaseException, param: str | None = None) -> ApiError:
 def field_of(message: str) -> str | None:
     """Best guess at the request field a runtime error message is about."""
     lower = message.lower()
-    for key, param in (("voice", "voice"), ("instruct", "instructions"), ("speed", "speed"),
+    for key, param in (("option", "options"), ("voice", "voice"), ("instruct", "instructions"), ("speed", "speed"),
                        ("reference", "ref_audio"), ("text", "input"), ("mode", "voice")):
         if key in lower:
             return param

@@ -119,10 +119,41 @@ def Name(description: str) -> Any:  # noqa: N802
     return Annotated[str, Field(pattern=NAME.pattern, description=description), BeforeValidator(_name)]
 
 
+def _options(value: Any) -> Any:
+    if value is not None and (not isinstance(value, dict) or not all(isinstance(k, str) for k in value)):
+        raise _fail(f"options must be an object of option names to values, got {type(value).__name__}")
+    return value
+
+
+def engine_options(engines: dict[str, type]) -> str:
+    """The request options each engine declares, as the JSON text `speech_model` takes (engines without any left out)."""
+    out = {}
+    for name, cls in sorted(engines.items()):
+        declared = cls.capabilities.options if cls.capabilities is not None else ()
+        if declared:
+            out[name] = {o.name: o.schema() for o in declared}
+    return json.dumps(out, sort_keys=True)
+
+
+def _options_schema(per_engine: dict[str, dict]) -> dict:
+    """The `options` field's schema: an object of one engine's options (the model's engine decides which)."""
+    variants = [{"title": f"{engine} options", "type": "object", "properties": props, "additionalProperties": False}
+                for engine, props in per_engine.items()]
+    schema: dict[str, Any] = {"description": "settings the model's engine declares beyond the common fields (GET "
+                                             "/v1/models lists each model's); checked against the model: an unknown "
+                                             "name or a value out of range is a 400"}
+    if variants:
+        schema["anyOf"] = variants
+    return schema
+
+
 @functools.cache
 def speech_model(formats: tuple[str, ...], max_chars: int, need_input: bool = True,
-                 default_format: str = "wav") -> type[BaseModel]:
-    """The POST /v1/audio/speech body (and a WebSocket or Wyoming session's fields) of a server."""
+                 default_format: str = "wav", options: str = "{}") -> type[BaseModel]:
+    """The POST /v1/audio/speech body (and a WebSocket or Wyoming session's fields) of a server.
+
+    `options`: `engine_options(...)` of the engines the server may load, for the document.
+    """
 
     def response_format(value: Any) -> Any:
         if value is None:  # null is absent, as for every optional field
@@ -158,6 +189,8 @@ def speech_model(formats: tuple[str, ...], max_chars: int, need_input: bool = Tr
         "ref_text": (Text("transcript of ref_audio", max_chars) | None, None),
         "seed": (Annotated[int, Field(ge=0, lt=SEED_LIMIT), BeforeValidator(_seed)] | None,
                  Field(None, description="makes sampling repeatable (Mizuoto extension)")),
+        "options": (Annotated[dict[str, Any], BeforeValidator(_options)] | Omitted,
+                    Field(None, json_schema_extra=_options_schema(json.loads(options)))),
     }
     return create_model("SpeechRequest", __config__=STRICT,
                         __validators__={"streamable": model_validator(mode="after")(streamable)}, **fields)
@@ -303,6 +336,8 @@ class ModelEntry(BaseModel):
     stream_in: bool | Omitted = None
     languages: list[str] | Omitted = None
     voices: list[str] | Omitted = None
+    options: list[dict[str, Any]] | Omitted = Field(None, description="the request options the model takes: each "
+                                                                      "a JSON schema with its name")
 
 
 class LoadedModel(ModelEntry):

@@ -72,7 +72,7 @@ def build_request(state: ServerState, p: Any, reference: Reference | None, strea
                             f" it supports: {', '.join(sorted(caps.modes))}", "ref_audio" if reference else "voice")
     try:
         return SynthesisRequest(text=p.input if text is None else text, voice=voice, instruct=p.instructions,
-                                speed=p.speed, stream=stream and caps.stream_out, seed=p.seed)
+                                speed=p.speed, stream=stream and caps.stream_out, seed=p.seed, options=p.options or {})
     except Exception as e:
         raise from_exception(e, field_of(str(e))) from None
 

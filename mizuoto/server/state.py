@@ -20,7 +20,7 @@ from mizuoto.server.errors import ApiError
 from mizuoto.server.admission import JobSlots
 from mizuoto.server.jobs import Job
 from mizuoto.server.metrics import Metrics
-from mizuoto.server.schemas import NAME, speech_model
+from mizuoto.server.schemas import NAME, engine_options, speech_model
 
 
 log = logging.getLogger("mizuoto.server")
@@ -92,9 +92,12 @@ class ServerState:
         self._load_lock = threading.Lock()  # admin loads and unloads; picking a catalogue model's loader
         self._loading: dict[str, threading.Event] = {}  # catalogue models being loaded -> set when done
         self.formats = available_formats()
-        self.speech = speech_model(self.formats, config.max_input_chars)  # the speech body's model
+        # each engine's declared request options, for the document
+        options = engine_options(runtime.engines() if hasattr(runtime, "engines") else {})
+        self.speech = speech_model(self.formats, config.max_input_chars, options=options)  # the speech body's model
         # a WebSocket or Wyoming session's fields: raw PCM out, the text sent apart
-        self.session = speech_model(("pcm",), config.max_input_chars, need_input=False, default_format="pcm")
+        self.session = speech_model(("pcm",), config.max_input_chars, need_input=False, default_format="pcm",
+                                    options=options)
 
     # ---- models --------------------------------------------------------------------------------
     def loaded(self) -> list[str]:

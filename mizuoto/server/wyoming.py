@@ -40,6 +40,7 @@ from mizuoto.runtime.malloc import tune_malloc
 from mizuoto.server.speech import ClientGone, Pull, start_job
 from mizuoto.server.state import ServerState
 from mizuoto.server.schemas import check_text, checked
+from mizuoto.runtime.request_options import parse_settings
 from mizuoto.server.websocket import TextFeed
 
 log = logging.getLogger("mizuoto.wyoming")
@@ -67,11 +68,24 @@ class VoiceEntry:
 
 
 class WyomingService:
-    """What every connection shares: the server state and the seed given to each request."""
+    """What every connection shares: the server state, and the seed and engine options given to each request."""
 
-    def __init__(self, state: ServerState, seed: int | None = None):
+    def __init__(self, state: ServerState, seed: int | None = None, params: tuple[str, ...] = ()):
         self.state = state
         self.seed = seed
+        # `NAME=VALUE` request options (Home Assistant sends none): each request gets those its engine declares
+        self.settings = tuple(params)
+        engines = state.runtime.engines() if hasattr(state.runtime, "engines") else {}
+        declared = {name: cls.capabilities.options for name, cls in engines.items() if cls.capabilities is not None}
+        for param in self.settings:  # each value checked now against every engine declaring its name
+            name = param.partition("=")[0].strip()
+            takers = [(engine, options) for engine, options in declared.items() if name in {o.name for o in options}]
+            if not takers:
+                known = sorted({o.name for options in declared.values() for o in options})
+                raise InvalidRequest(f"--param {param}: no installed engine declares {name!r}; "
+                                     f"declared: {', '.join(known) or 'none'}")
+            for engine, options in takers:
+                parse_settings(options, [param], f"engine {engine}")
         self._known: dict[str, list[VoiceEntry]] = {}  # last seen voices of each model, kept while it is evicted
 
     def load_all(self) -> None:
@@ -124,7 +138,17 @@ class WyomingService:
         data: dict[str, Any] = {"model": voice.model, "voice": voice.voice}
         if self.seed is not None:
             data["seed"] = self.seed
+        if self.settings:
+            data["options"] = self.options(voice)
         return checked(self.state.session, data)
+
+    def options(self, voice: VoiceEntry) -> dict[str, Any]:
+        """The --param options the voice's engine declares, parsed by their declared types."""
+        cls = self.state.runtime.engines().get(voice.engine)
+        declared = cls.capabilities.options if cls is not None and cls.capabilities is not None else ()
+        names = {o.name for o in declared}
+        return parse_settings(declared, [p for p in self.settings if p.partition("=")[0].strip() in names],
+                              f"engine {voice.engine}")
 
     def check_text(self, text: Any, so_far: int = 0) -> str:
         """The text of a request or chunk, refused when it is not a string or past the length limit."""

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from mizuoto.runtime.engine import (MODES, AudioChunk, Capabilities, Engine, Model, Reference, Stage,
+from mizuoto.runtime.engine import (MODES, AudioChunk, Capabilities, Engine, Model, Reference, RequestOption, Stage,
                                     SynthesisRequest, Voice, VoicePrompt, load_audio)
 from mizuoto.errors import InvalidRequest, ModelLoadError
 
@@ -23,6 +23,8 @@ NOTE_SECONDS = 0.06
 CHUNK_NOTES = 4
 _PLANNING_CHARS = 200  # working-memory bound when no request is given
 _PLANNING_SECONDS = 30
+# the engine's own request option (runtime.request_options): the front ends show it without knowing the engine
+OPTIONS = (RequestOption("transpose", "int", 0, "shift every note by this many semitones", -12, 12),)
 
 
 def write_model(model_dir: str | Path, sample_rate: int = 16000, hidden: int = 16,
@@ -74,7 +76,7 @@ class ToneModel(Model):
                   fixed={"window"}, memory=self._render_memory, call_memory=self._render_call_memory),
         )
         self.capabilities = Capabilities(modes=frozenset(MODES), sample_rate=self.rate, stream_out=True, stream_in=True,
-                                  languages=tuple(config.get("languages", ())), voice_cache=True)
+                                  languages=tuple(config.get("languages", ())), voice_cache=True, options=OPTIONS)
 
     def voices(self) -> list[Voice]:
         return [Voice(k, "preset", f"{v:g} Hz") for k, v in self._presets.items()] + \
@@ -185,7 +187,7 @@ class ToneModel(Model):
         return (torch.cat(out) if out else torch.zeros(0)), phase
 
     def synthesize(self, request: SynthesisRequest) -> Iterator[AudioChunk]:
-        f0 = self._voice_pitch(request)
+        f0 = self._voice_pitch(request) * 2.0 ** (request.options.get("transpose", 0) / 12)
         gen = torch.Generator().manual_seed(request.seed if request.seed is not None else
                                             int(torch.randint(0, 2**31, (1,))))
         notes = self._notes(request, gen)
@@ -226,7 +228,7 @@ class ToneEngine(Engine):
     name = "tone"
     description = "toy sine-tone engine (tests and demos; not speech)"
     capabilities = Capabilities(modes=frozenset(MODES), sample_rate=16000, stream_out=True, stream_in=True,
-                                voice_cache=True)
+                                voice_cache=True, options=OPTIONS)
 
     def detect(self, model_dir: Path) -> bool | str:
         try:

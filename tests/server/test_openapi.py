@@ -39,6 +39,9 @@ NAMED = {  # difference -> the words docs/server.md names it by
     **{f"{op} responses.400: added": "not valid HTTP" for op in (
         "DELETE /v1/audio/voices/{voice_id}", "GET /", "GET /health", "GET /metrics", "GET /ready", "GET /v1/audio/voices",
         "GET /v1/models")},
+    f"POST /v1/audio/speech {JSON_BODY}.properties.options: added": "takes `options`",
+    **{f"{op} responses.200.content.application/json.schema.{where}properties.options: added": "lists its\n    `options`"
+       for op, where in (("GET /v1/models", "properties.data.items."), ("POST /v1/models/load", ""))},
     'POST /v1/models/load responses.200.content.application/json.schema.required: ["id", "object", "loaded", '
     '"owned_by"] -> ["id", "object", "loaded", "owned_by", "evicted"]': "`evicted` as required",
 }
