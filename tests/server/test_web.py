@@ -108,6 +108,26 @@ def test_bad_input_shows_the_server_message(browser, server):
     assert shown.is_displayed() and shown.text == expected.json()["error"]["message"]
 
 
+def test_engine_options_are_fields_and_reach_the_server(browser, server):
+    """The tone model's declared option is a field of the page (nothing in the page names it), bounded as declared;
+    a value out of range that gets past the field is the server's 400, shown as is; a good one speaks."""
+    _open(browser, server)
+    Select(browser.find_element(By.ID, "model")).select_by_value("tone")
+    field = WebDriverWait(browser, WAIT).until(
+        lambda d: d.find_element(By.CSS_SELECTOR, "#options [data-option='transpose']"))
+    assert field.get_attribute("value") == "0" and field.get_attribute("max") == "12"
+    browser.execute_script("arguments[0].removeAttribute('max'); arguments[0].value = '99'", field)
+    box = browser.find_element(By.ID, "text")
+    box.clear()
+    box.send_keys("la la")
+    browser.find_element(By.ID, "speak").click()
+    assert _settled(browser) == "failed"
+    assert "transpose" in browser.find_element(By.ID, "error").text
+    browser.execute_script("arguments[0].value = '7'", field)
+    stats = _speak(browser, "la la")
+    assert stats["rate"] == 16000 and stats["seconds"] > 0
+
+
 def test_the_package_ships_the_page():
     """Every file of the page is covered by the package data that pyproject.toml declares."""
     root = Path(__file__).resolve().parents[2]

@@ -76,6 +76,44 @@ async function loadVoices(select) {
     ? `${model.engine}${model.variant ? " " + model.variant : ""}, ${model.sample_rate} Hz; modes: ${model.modes.join(", ")}`
     : "not loaded now: it loads on first use";
   $("clone").hidden = model.loaded && !clones;
+  showOptions(model.options || []);
+}
+
+// One field per request option the model's engine declares (GET /v1/models lists them as JSON schemas).
+function showOptions(options) {
+  $("options").replaceChildren(...options.map((o) => {
+    const label = document.createElement("label");
+    label.title = o.description || "";
+    let input;
+    if (o.enum) {
+      input = document.createElement("select");
+      input.replaceChildren(...o.enum.map((v) => new Option(v, v)));
+    } else {
+      input = document.createElement("input");
+      input.type = o.type === "boolean" ? "checkbox" : o.type === "string" ? "text" : "number";
+      if (o.type === "number") input.step = "any";
+      if (o.minimum !== undefined) input.min = o.minimum;
+      if (o.maximum !== undefined) input.max = o.maximum;
+    }
+    if (o.type === "boolean") input.checked = o.default; else input.value = o.default;
+    input.dataset.option = o.name;
+    input.dataset.type = o.type;
+    input.dataset.default = String(o.default);
+    label.append(`${o.name} `, input);
+    return label;
+  }));
+}
+
+// The options set off their defaults (the server fills in the rest).
+function optionValues() {
+  const out = {};
+  for (const input of $("options").querySelectorAll("[data-option]")) {
+    const { option, type } = input.dataset;
+    const value = type === "boolean" ? input.checked
+      : type === "number" || type === "integer" ? Number(input.value) : input.value;
+    if (String(value) !== input.dataset.default && input.value !== "") out[option] = value;
+  }
+  return out;
 }
 
 function readDataUrl(file) {
@@ -157,6 +195,8 @@ async function requestBody() {
   }
   if ($("speed").value !== "" && Number($("speed").value) !== 1) body.speed = Number($("speed").value);
   if ($("seed").value !== "") body.seed = Number($("seed").value);
+  const options = optionValues();
+  if (Object.keys(options).length) body.options = options;
   return body;
 }
 
