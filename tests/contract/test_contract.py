@@ -18,11 +18,16 @@ _TMP = Path(tempfile.mkdtemp(prefix="mizuoto-contract-"))
 atexit.register(shutil.rmtree, _TMP, ignore_errors=True)
 
 
+# the model dirs the repository's plugins record their own fixtures in (e.g. mizuoto-chatterbox's)
+PLUGIN_MODELS = Path(__file__).resolve().parents[2] / "plugins"
+
+
 def CONTRACT_MODELS():
-    """A fresh tone model, the plugins' example models (mizuoto-piper's voice), and every fixture directory
-    up to three levels deep (engines' detect decides)."""
+    """A fresh tone model, the plugins' example models (mizuoto-piper's voice), every fixture directory up to
+    three levels deep and the repository's plugins' fixture models (engines' detect decides)."""
     root = fixtures_root()
     dirs = [p for p in root.glob("*/*/*") if p.is_dir()] + [p for p in root.glob("*/*") if p.is_dir()]
+    dirs += [p for p in PLUGIN_MODELS.glob("*/tests/fixtures/models/*") if p.is_dir()]
     examples = Registry().example_models()
     assert examples, "no plugin offers an example model (mizuoto-piper's default voice is expected)"
     # a parent of a fixed name: the case id (parent/name) is the same in every process (pytest-xdist workers)

@@ -78,3 +78,30 @@ def load_tokenizer_json(path: str | Path) -> ByteBPE:
     unk_id = vocab.get(unk, specials.get(unk)) if unk else None
     pattern = whitespace_pattern() if pre.get("type") == "Whitespace" else None
     return CharBPE(vocab, merges, specials, pattern, unk_id)
+
+
+def load_gpt2_files(directory: str | Path) -> ByteBPE:
+    """A GPT-2 style byte-level BPE from a slow tokenizer's files: vocab.json, merges.txt and added_tokens.json.
+
+    What `tokenizer.json` would say for such a directory (ByteLevel, no prefix space): the added tokens
+    (e.g. `<|endoftext|>`, tags such as `[laugh]`) are matched verbatim as single ids.
+    """
+    root = Path(directory)
+    try:
+        vocab = json.loads((root / "vocab.json").read_text(encoding="utf-8"))
+        merges = []
+        for n, line in enumerate((root / "merges.txt").read_text(encoding="utf-8").splitlines()):
+            if not line.strip() or (n == 0 and line.startswith("#version:")):
+                continue
+            left, right = line.split()
+            merges.append((left, right))
+        added_path = root / "added_tokens.json"
+        added = json.loads(added_path.read_text(encoding="utf-8")) if added_path.is_file() else {}
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot read the GPT-2 tokenizer files in {root}: {exc}") from None
+    table = byte_alphabet()
+    specials = {str(t): int(i) for t, i in added.items()}
+    specials.update({t: int(i) for t, i in vocab.items() if t == "<|endoftext|>"})
+    encoder = {token_bytes(t, table): int(i) for t, i in vocab.items()}
+    ranks = {(token_bytes(a, table), token_bytes(b, table)): r for r, (a, b) in enumerate(merges)}
+    return ByteBPE(encoder, ranks, specials, gpt2_pattern())

@@ -269,7 +269,9 @@ class ChatterboxEngine(Engine):
         try:
             t3 = one_of(model_dir, T3_FILES)
             one_of(model_dir, S3GEN_FILES)
-            ok = (Path(model_dir) / VOICE_ENCODER).is_file() and (Path(model_dir) / "tokenizer.json").is_file()
+            d = Path(model_dir)
+            tokenizer = (d / "tokenizer.json").is_file() or (d / "vocab.json").is_file() and (d / "merges.txt").is_file()
+            ok = (d / VOICE_ENCODER).is_file() and tokenizer
         except Exception:  # detect never raises: a dir that is not ours is simply not ours
             return False
         return ("turbo" if T3_FILES[t3.name] else "english") if ok else False

@@ -4,7 +4,8 @@ The clean-up (`clean`) is upstream's `punc_norm`, rule for rule: an empty text b
 sentence; a lower-case first letter is capitalised; runs of whitespace become one space; LLM-style
 punctuation is replaced in a fixed order; a text that does not end in . ! ? - or , gets a full stop.
 English ids are the characters' BPE (`tokenizer.json`, spaces spelled [SPACE]) between [START] and
-[STOP]; Turbo's are GPT-2's byte-level BPE of the text, paralinguistic tags such as [laugh] single ids.
+[STOP]; Turbo's are GPT-2's byte-level BPE of the text (its `tokenizer.json`, else vocab.json, merges.txt and
+added_tokens.json), paralinguistic tags such as [laugh] single ids.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mizuoto.errors import ModelLoadError
-from mizuoto.text.tokenize.hf_json import load_tokenizer_json
+from mizuoto.text.tokenize.hf_json import load_gpt2_files, load_tokenizer_json
 
 EMPTY_TEXT = "You need to add some text for me to talk."
 # (what, replacement), applied in this order
@@ -41,7 +42,9 @@ class TextFront:
 
     def __init__(self, model_dir: str | Path, turbo: bool) -> None:
         self.turbo = turbo
-        self.tokenizer = load_tokenizer_json(Path(model_dir) / "tokenizer.json")
+        path = Path(model_dir) / "tokenizer.json"
+        # Turbo's directory may hold only the slow GPT-2 files (AutoTokenizer reads either)
+        self.tokenizer = load_tokenizer_json(path) if path.is_file() or not turbo else load_gpt2_files(model_dir)
         if not turbo:
             specials = self.tokenizer.special_tokens
             missing = [t for t in (START, STOP, SPACE) if t not in specials]
