@@ -387,6 +387,8 @@ def _item(model: CAMPPlus, feats: Tensor, item: int) -> Tensor:
 def forward_ort_order(model: CAMPPlus, feats: Tensor) -> Tensor:
     """CAM++ embedding [B, E] of mean-normalized fbank [B, T, F] (or [T, F]) as onnxruntime's CPU
     provider computes it with its default (all) graph optimisations; on the CPU, float32."""
+    if not model.folded:  # onnxruntime only ever runs the exported (folded) graph
+        raise ValueError("forward_ort_order evaluates the folded (campplus.onnx) layout only")
     if feats.dim() == 2:
         feats = feats.unsqueeze(0)
     if feats.dim() != 3 or feats.shape[-1] != model.feat_dim:

@@ -1,4 +1,4 @@
-"""Reading campplus.onnx: sizes from the graph, and the key map of its weights.
+"""Reading CAM++: campplus.onnx (sizes from the graph, the key map of its weights), or a PyTorch state dict.
 
 The exporter names each node after its module scope (`/xvector/block1/tdnnd1/linear1/Conv`,
 `/head/layer1/layer1.0/conv1/Conv`), while the folded conv weights are anonymous
@@ -26,6 +26,7 @@ from mizuoto.runtime.convert.onnx import (
     load_into,
 )
 from mizuoto.errors import ModelLoadError
+from mizuoto.runtime.convert.checkpoint import DictSource, match_state_dict
 
 LAYOUT = "campplus-1"
 _BN_INPUTS = ("weight", "bias", "running_mean", "running_var")
@@ -134,4 +135,77 @@ def load_campplus(path: str | Path, progress=None) -> CAMPPlus:
     config, state = load_converted(path, read_campplus, LAYOUT, progress)
     model = CAMPPlus(**config)
     load_into(model, state, path)
+    return model.to(CAMPPlus.fixed_device).eval()
+
+
+# 3D-Speaker's CAMPPlus literals that its PyTorch weights do not state: 80 fbank bins (its
+# extract_feature's); each FCM layer's first block is strided (stride 2 on frequency), and FCM's
+# last conv too; the TDNN is strided by 2 and 'same'-padded; the three dense blocks' dilations;
+# CAM's segment length; BatchNorm's eps.
+TORCH_FEAT_DIM = 80
+TORCH_HEAD_STRIDE = 2
+TORCH_TDNN_STRIDE = 2
+TORCH_DILATIONS = (1, 2, 2)
+TORCH_SEG_LEN = 100
+TORCH_EPS = 1e-5
+
+
+def _count(state: dict, prefix: str, pattern: str) -> int:
+    found = {int(m.group(1)) for k in state if (m := re.match(re.escape(prefix) + pattern, k))}
+    if found != set(range(1, len(found) + 1)) and found != set(range(len(found))):
+        raise ModelLoadError(f"{prefix}{pattern}: not numbered consecutively: {sorted(found)}")
+    return len(found)
+
+
+def _torch_config(state: dict, prefix: str) -> dict:
+    """CAMPPlus constructor config of a 3D-Speaker PyTorch state dict (sizes from the weights)."""
+    def shape(name: str) -> tuple[int, ...]:
+        return tuple(state[prefix + name].shape)
+
+    head_channels = shape("head.conv1.weight")[0]
+    head_layers = []
+    for i in range(1, _count(state, prefix, r"head\.layer(\d+)\.") + 1):
+        blocks = _count(state, prefix, rf"head\.layer{i}\.(\d+)\.")
+        head_layers.append([[TORCH_HEAD_STRIDE if j == 0 else 1, int(f"{prefix}head.layer{i}.{j}.shortcut.0.weight"
+                                                                    in state)] for j in range(blocks)])
+    tdnn_out, _, tdnn_kernel = shape("xvector.tdnn.linear.weight")  # its input width is checked on loading
+    blocks, transits = [], []
+    n_blocks = _count(state, prefix, r"xvector\.block(\d+)\.")
+    if n_blocks != len(TORCH_DILATIONS):
+        raise ModelLoadError(f"{n_blocks} dense blocks; 3D-Speaker's CAMPPlus has {len(TORCH_DILATIONS)}")
+    for b, dilation in enumerate(TORCH_DILATIONS, start=1):
+        p = f"xvector.block{b}.tdnnd1."
+        growth, bn_channels, kernel = shape(p + "cam_layer.linear_local.weight")
+        blocks.append({"layers": _count(state, prefix, rf"xvector\.block{b}\.tdnnd(\d+)\."), "growth": growth,
+                       "bn_channels": bn_channels, "kernel": kernel, "dilation": dilation,
+                       "cam_hidden": shape(p + "cam_layer.linear1.weight")[0]})
+        transits.append({"out": shape(f"xvector.transit{b}.linear.weight")[0],
+                         "bias": f"{prefix}xvector.transit{b}.linear.bias" in state})
+    return {"feat_dim": TORCH_FEAT_DIM, "head_channels": head_channels, "head_layers": head_layers,
+            "head_conv2_stride": TORCH_HEAD_STRIDE,
+            "tdnn": {"out": tdnn_out, "kernel": tdnn_kernel, "stride": TORCH_TDNN_STRIDE,
+                     "padding": (tdnn_kernel - 1) // 2, "dilation": 1},
+            "blocks": blocks, "transits": transits, "embedding_size": shape("xvector.dense.linear.weight")[0],
+            "seg_len": TORCH_SEG_LEN, "eps": TORCH_EPS,
+            "out_batchnorm": f"{prefix}xvector.out_nonlinear.batchnorm.running_mean" in state, "folded": False,
+            "dense_affine": f"{prefix}xvector.dense.nonlinear.batchnorm.weight" in state}
+
+
+def campplus_from_state(state: dict[str, torch.Tensor], *, prefix: str = "", where: str | Path) -> CAMPPlus:
+    """An eval-mode, unfolded CAMPPlus on the CPU from a state dict in 3D-Speaker's PyTorch layout
+    (every conv bias-free and followed by a BatchNorm) under `prefix`; sizes from the weights."""
+    try:
+        config = _torch_config(state, prefix)
+        model = CAMPPlus(**config)
+    except (KeyError, ValueError) as exc:
+        raise ModelLoadError(f"{where}: not a CAM++ (3D-Speaker PyTorch) state dict under {prefix!r}: "
+                             f"{type(exc).__name__}: {exc}") from None
+    mine = {k for k in state if k.startswith(prefix)}
+    # BatchNorm's training counter rides along; inference never reads it
+    ignore = [k for k in mine if k.endswith(".num_batches_tracked")]
+    shapes = {k: v.shape for k, v in model.state_dict().items()}
+    matched = match_state_dict(DictSource({k: state[k] for k in mine}), {k: prefix + k for k in shapes}, shapes,
+                               where=where, target="a CAM++ speaker encoder (3D-Speaker's PyTorch layout)",
+                               ignore=ignore)
+    model.load_state_dict(matched)
     return model.to(CAMPPlus.fixed_device).eval()
