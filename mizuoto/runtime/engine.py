@@ -120,6 +120,7 @@ class Capabilities:
     languages: tuple[str, ...] = ()
     voice_cache: bool = False  # the model implements add_voice
     options: tuple[RequestOption, ...] = ()  # engine-specific request settings (runtime.request_options)
+    min_reference_seconds: float = 0.0  # the shortest reference clip the model clones from (longer: AudioError)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "modes", frozenset(self.modes))

@@ -119,20 +119,22 @@ def _loaded(case: Case) -> tuple[Runtime, str]:
     return rt, rt.load(case.model_dir, engine=case.engine)
 
 
-def _reference() -> tuple[torch.Tensor, int]:
-    """Three seconds of a voiced-sounding signal at 16 kHz (a chirp with harmonics)."""
+def _reference(caps: Capabilities | None = None) -> tuple[torch.Tensor, int]:
+    """A voiced-sounding signal at 16 kHz (a chirp with harmonics): three seconds, or a second more than the
+    shortest clip the model clones from."""
     rate = 16000
-    t = torch.arange(3 * rate, dtype=torch.float64) / rate
+    seconds = max(3.0, (caps.min_reference_seconds + 1.0) if caps is not None else 0.0)
+    t = torch.arange(int(seconds * rate), dtype=torch.float64) / rate
     f0 = 120 + 40 * torch.sin(2 * math.pi * 0.7 * t)
     phase = 2 * math.pi * torch.cumsum(f0, 0) / rate
     wave = sum(torch.sin(k * phase) / k for k in range(1, 6)) * 0.2
     return wave.float(), rate
 
 
-def _request(mode: str, voices: list[Voice], **extra) -> SynthesisRequest:
+def _request(mode: str, voices: list[Voice], caps: Capabilities | None = None, **extra) -> SynthesisRequest:
     """A valid request in `mode`, using a preset voice where the mode allows and one exists."""
     presets = [v.id for v in voices if v.kind == "preset"]
-    ref = _reference()
+    ref = _reference(caps)
     fields = {"seed": 1234, **extra}
     if mode == "preset":
         return SynthesisRequest(TEXT, mode=mode, voice=presets[0] if presets else "missing-preset", **fields)
@@ -242,7 +244,7 @@ def test_synthesize_every_mode(case):
     sched.apply(turns)
     try:
         for mode in sorted(caps.modes):
-            request = check_request(_request(mode, model.voices()), model)
+            request = check_request(_request(mode, model.voices(), model.capabilities), model)
             lease = Lease()
             with sched.hold(lease):
                 _check_chunks(list(sched.execute(request, lease)), caps, stream=False)
@@ -262,7 +264,7 @@ def test_same_seed_same_audio(case):
     rt, name = _loaded(case)
     caps = rt.model(name).capabilities
     mode = next(m for m in MODES if m in caps.modes)
-    runs = [_check_chunks(list(rt.synthesize(name, _request(mode, rt.voices(name)))), caps, False)
+    runs = [_check_chunks(list(rt.synthesize(name, _request(mode, rt.voices(name), caps))), caps, False)
             for _ in range(2)]
     assert torch.equal(*runs)
 
@@ -272,7 +274,7 @@ def test_streaming(case):
     rt, name = _loaded(case)
     caps = rt.model(name).capabilities
     mode = next(m for m in MODES if m in caps.modes)
-    request = _request(mode, rt.voices(name), stream=True)
+    request = _request(mode, rt.voices(name), caps, stream=True)
     if not caps.stream_out:
         with pytest.raises(InvalidRequest):
             rt.synthesize(name, request)
@@ -300,7 +302,7 @@ def test_streaming_text_in(case):
         if set(caps.modes) - {"vc"} else None
     if mode is None:
         return
-    base = _request(mode, rt.voices(name))
+    base = _request(mode, rt.voices(name), caps)
     given = _stream_input(case.model_dir)
     if given is not None:
         pieces, seed = list(given["pieces"]), int(given["seed"])
@@ -331,14 +333,14 @@ def test_bad_requests_refused_before_work(case):
         rt.synthesize(name, TEXT, voice="no-such-voice-id")
     for mode in sorted(set(MODES) - caps.modes):
         with pytest.raises(InvalidRequest):
-            rt.synthesize(name, _request(mode, rt.voices(name)))
+            rt.synthesize(name, _request(mode, rt.voices(name), caps))
 
 
 def _cached_voice_request(caps: Capabilities, voice_id: str) -> SynthesisRequest:
     """A seeded request speaking with a cached voice, in the first voice mode the model has."""
     mode = next(m for m in ("clone", "cross_lingual", "instruct", "vc") if m in caps.modes)
     if mode == "vc":
-        return SynthesisRequest(mode=mode, voice=voice_id, source_audio=_reference(), seed=1)
+        return SynthesisRequest(mode=mode, voice=voice_id, source_audio=_reference(caps), seed=1)
     extra = {"instruct": "Speak slowly."} if mode == "instruct" else {}
     return SynthesisRequest(TEXT, mode=mode, voice=voice_id, seed=1, **extra)
 
@@ -349,9 +351,9 @@ def test_voice_cache(case):
     caps = rt.model(name).capabilities
     if not caps.voice_cache:
         with pytest.raises(MizuotoError):
-            rt.add_voice(name, "contract-voice", _reference(), REF_TEXT)
+            rt.add_voice(name, "contract-voice", _reference(caps), REF_TEXT)
         return
-    voice = rt.add_voice(name, "contract-voice", _reference(), REF_TEXT)
+    voice = rt.add_voice(name, "contract-voice", _reference(caps), REF_TEXT)
     assert voice == Voice("contract-voice", "cached", voice.description)
     assert "contract-voice" in [v.id for v in rt.voices(name)]
     _check_chunks(list(rt.synthesize(name, _cached_voice_request(caps, "contract-voice"))), caps, stream=False)
@@ -368,7 +370,7 @@ def test_voice_export_import_remove(case):
             with pytest.raises(MizuotoError):
                 call()
         return
-    rt.add_voice(name, "contract-export", _reference(), REF_TEXT, persist=False)
+    rt.add_voice(name, "contract-export", _reference(caps), REF_TEXT, persist=False)
     caps = model.capabilities
     before = _check_chunks(list(rt.synthesize(name, _cached_voice_request(caps, "contract-export"))), caps, False)
     prompt = model.export_voice("contract-export")
@@ -398,10 +400,10 @@ def test_voice_survives_restart(case, tmp_path):
         caps = rt.model(name).capabilities
         if not caps.voice_cache:
             with pytest.raises(MizuotoError):
-                rt.add_voice(name, "contract-kept", _reference(), REF_TEXT)
+                rt.add_voice(name, "contract-kept", _reference(caps), REF_TEXT)
             assert not list(tmp_path.rglob("*.safetensors"))
             return
-        rt.add_voice(name, "contract-kept", _reference(), REF_TEXT)
+        rt.add_voice(name, "contract-kept", _reference(caps), REF_TEXT)
         caps = rt.model(name).capabilities
         before = _check_chunks(list(rt.synthesize(name, _cached_voice_request(caps, "contract-kept"))), caps, False)
     assert len(list(tmp_path.rglob("*.safetensors"))) == 1 and len(list(tmp_path.rglob("voice.json"))) == 1

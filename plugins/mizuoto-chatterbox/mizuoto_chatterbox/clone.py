@@ -2,14 +2,16 @@
 
 The clip is read at 24 kHz and resampled to 16 kHz (`clip.load_clip`); T3 is conditioned on the
 voice encoder's embedding of the 16 kHz clip and the S3 tokens of its start; S3Gen on its own
-prompt tokens, the 24 kHz prompt mel and a CAM++ x-vector (`gen_ref.gen_reference`). The clip's
-transcript is not used.
+prompt tokens, the 24 kHz prompt mel and a CAM++ x-vector (`gen_ref.gen_reference`), all from the
+clip's first 10 s. The clip's transcript is not used.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from mizuoto_chatterbox.clip import load_clip, ve_mel
+from mizuoto_chatterbox.gen_ref import gen_reference
 from mizuoto_chatterbox.voice import VE_RATE, Voice, prompt_tokens
 
 CLONE_EXAGGERATION = 0.5  # what upstream's prepare_conditionals stores unless told otherwise
@@ -17,9 +19,6 @@ CLONE_EXAGGERATION = 0.5  # what upstream's prepare_conditionals stores unless t
 
 def clone_voice(model: Any, audio: Any) -> Voice:
     """The conditioning of a clip (a path or (samples, rate)) for a loaded ChatterboxModel."""
-    from mizuoto_chatterbox.clip import load_clip, ve_mel
-    from mizuoto_chatterbox.gen_ref import gen_reference
-
     wav_16k, wav_24k = load_clip(audio, model.turbo)
     speaker = model.ve.embed(ve_mel(wav_16k), rate=VE_RATE)
     prompt = prompt_tokens(model.tokenizer, wav_16k, model.turbo)

@@ -23,6 +23,8 @@ from mizuoto.errors import InvalidRequest, ModelLoadError
 from mizuoto.runtime.engine import (AudioChunk, Capabilities, Engine, Model, Reference, RequestOption, Stage,
                                     SynthesisRequest, Voice, VoicePrompt)
 from mizuoto_chatterbox import memory
+from mizuoto_chatterbox.clip import TURBO_MIN_SECONDS
+from mizuoto_chatterbox.gen_ref import load_xvector
 from mizuoto_chatterbox.s3gen import SAMPLE_RATE, S3Gen, load_s3gen
 from mizuoto_chatterbox.t3 import START_SPEECH, STOP_SPEECH, T3, T3Options, load_t3
 from mizuoto_chatterbox.text import TextFront
@@ -73,19 +75,21 @@ class ChatterboxModel(Model):
     """One loaded Chatterbox (English) or Chatterbox-Turbo directory."""
 
     def __init__(self, model_dir: Path, t3: T3, s3gen: S3Gen, text: TextFront, ve: torch.nn.Module,
-                 tokenizer: torch.nn.Module, preset: Conditioning | None, watermarker: Any = None) -> None:
+                 tokenizer: torch.nn.Module, xvector: torch.nn.Module, preset: Conditioning | None,
+                 watermarker: Any = None) -> None:
         self.model_dir = model_dir
         self.turbo = t3.turbo
-        self.t3, self.s3gen, self.text, self.ve, self.tokenizer = t3, s3gen, text, ve, tokenizer
+        self.t3, self.s3gen, self.text, self.ve, self.tokenizer, self.xvector = t3, s3gen, text, ve, tokenizer, xvector
         self.watermarker = watermarker
         self.presets = {PRESET_VOICE: preset} if preset is not None else {}
         self.cached: dict[str, Conditioning] = {}
         self._voices_lock = threading.Lock()
         self.figures = memory.Figures(t3, s3gen)
-        self.xvector = None  # CAM++ of the clone front, loaded on first use (clone.py)
         self.stages = (
             Stage("text", "frontend", {}, memory=lambda request: memory.TEXT_BYTES),
-            Stage("voice", "frontend", {"ve": ve, "tokenizer": tokenizer}, memory=self._voice_memory),
+            # CAM++ stays on the CPU (fixed), as upstream's reference analysis is checked there
+            Stage("voice", "frontend", {"ve": ve, "tokenizer": tokenizer, "xvector": xvector}, fixed={"xvector"},
+                  memory=self._voice_memory),
             Stage("t3", "sequence", {"t3": t3}, memory=self._t3_memory),
             Stage("s3gen", "frames", {"s3gen": s3gen}, memory=lambda request: self.figures.s3gen_least(),
                   call_memory=self.figures.s3gen, bound_memory=lambda request: self.figures.s3gen_most()),
@@ -93,7 +97,8 @@ class ChatterboxModel(Model):
         modes = {"clone", "cross_lingual"} | ({"preset"} if preset is not None else set())
         self.capabilities = Capabilities(modes=frozenset(modes), sample_rate=SAMPLE_RATE, stream_out=True,
                                          languages=("en",), voice_cache=True,
-                                         options=TURBO_OPTIONS if self.turbo else ENGLISH_OPTIONS)
+                                         options=TURBO_OPTIONS if self.turbo else ENGLISH_OPTIONS,
+                                         min_reference_seconds=TURBO_MIN_SECONDS if self.turbo else 0.0)
 
     # -- memory ------------------------------------------------------------------------------------
     def _text_ids(self, request: SynthesisRequest | None) -> int:
@@ -136,7 +141,7 @@ class ChatterboxModel(Model):
     def _clone(self, reference: Reference, lease: Any) -> Conditioning:
         from mizuoto_chatterbox.clone import clone_voice
 
-        with self.use("voice", lease):
+        with self.use("voice", lease), torch.inference_mode():
             return clone_voice(self, reference.audio)
 
     def add_voice(self, voice_id: str, ref_audio: Any, ref_text: str | None = None) -> Voice:
@@ -190,7 +195,7 @@ class ChatterboxModel(Model):
         with self.use("text", lease):
             ids = torch.tensor(self.text.ids(request.text))
         exaggeration = request.options.get("exaggeration", voice.exaggeration)
-        with self.use("t3", lease):
+        with self.use("t3", lease), torch.inference_mode():
             cond = self.t3.conditioning(voice.speaker_emb, voice.prompt_tokens, exaggeration)
         run = self.t3.generate_turbo if self.turbo else self.t3.generate
         draws = run(cond, ids, options, generator=generator)
@@ -288,5 +293,6 @@ class ChatterboxEngine(Engine):
                                  "s3gen_meanflow.safetensors, the English one with s3gen.safetensors)")
         preset = load_preset(model_dir / PRESET) if (model_dir / PRESET).is_file() else None
         return ChatterboxModel(model_dir, t3, s3gen, TextFront(model_dir, t3.turbo),
-                               load_voice_encoder(model_dir / VOICE_ENCODER), load_s3_tokenizer(model_dir), preset,
+                               load_voice_encoder(model_dir / VOICE_ENCODER), load_s3_tokenizer(model_dir),
+                               load_xvector(model_dir), preset,
                                _watermarker(bool(getattr(options, "watermark", True))))

@@ -43,9 +43,8 @@ def test_detected_without_naming_the_engine(case):
     assert found == [("chatterbox", "turbo" if turbo else "english")]
 
 
-def test_a_preset_request_equals_upstreams_audio(case):
-    if case.spec["mode"] != "preset":
-        return
+def test_a_request_equals_upstreams_audio(case):
+    """Preset and clone (the clip read and analysed here, as upstream's prepare_conditionals does)."""
     name = _loaded(case.model_dir)
     if "expected_error" in case.spec:
         with pytest.raises(InvalidRequest, match="cfg_weight"):
@@ -60,7 +59,7 @@ def test_a_preset_request_equals_upstreams_audio(case):
 
 
 def test_streaming_speaks_the_same_tokens_in_growing_chunks(case):
-    if case.spec["mode"] != "preset" or "expected_error" in case.spec:
+    if "expected_error" in case.spec:
         return
     name = _loaded(case.model_dir)
     whole = list(_runtime().synthesize(name, case.spec["text"], **_request(case)))[0].samples
@@ -80,6 +79,28 @@ def test_an_option_the_model_does_not_take_is_refused_before_any_work(case):
     option = _runtime().model(name).capabilities.options[0]
     with pytest.raises(InvalidRequest, match=option.name):
         _runtime().synthesize(name, "Hello.", voice=_request(case)["voice"], options={option.name: "high"})
+
+
+def test_a_cloned_voice_is_cached_exported_and_imported_as_it_was(case):
+    if case.clip is None or "expected_error" in case.spec:
+        return
+    rt = _runtime()
+    name = _loaded(case.model_dir)
+    text, request = case.spec["text"], _request(case)
+    direct = list(rt.synthesize(name, text, **request))[0].samples
+    voice_id = f"clip-{case.name}"
+    rt.add_voice(name, voice_id, str(case.clip))
+    try:
+        cached = list(rt.synthesize(name, text, **{**request, "voice": voice_id}))[0].samples
+        assert torch.equal(cached, direct)
+        model = rt.model(name)
+        prompt = model.export_voice(voice_id)
+        model.import_voice(voice_id + "-copy", prompt)
+        copied = list(rt.synthesize(name, text, **{**request, "voice": voice_id + "-copy"}))[0].samples
+        assert torch.equal(copied, direct)
+    finally:
+        rt.remove_voice(voice_id, name)
+        rt.model(name).remove_voice(voice_id + "-copy")
 
 
 def test_the_watermark_marks_only_when_asked(case, tmp_path):
