@@ -85,6 +85,7 @@ class ChatterboxModel(Model):
         self.cached: dict[str, Conditioning] = {}
         self._voices_lock = threading.Lock()
         self.figures = memory.Figures(t3, s3gen)
+        self.bench_tokens: int | None = None  # set by the bench driver only: T3 speaks exactly this many tokens
         self.stages = (
             Stage("text", "frontend", {}, memory=lambda request: memory.TEXT_BYTES),
             # CAM++ stays on the CPU (fixed), as upstream's reference analysis is checked there
@@ -198,7 +199,9 @@ class ChatterboxModel(Model):
         with self.use("t3", lease), torch.inference_mode():
             cond = self.t3.conditioning(voice.speaker_emb, voice.prompt_tokens, exaggeration)
         run = self.t3.generate_turbo if self.turbo else self.t3.generate
-        draws = run(cond, ids, options, generator=generator)
+        exact = {} if self.bench_tokens is None else {  # Turbo draws once more than its max_new_tokens
+            "ban_stop": True, "max_new_tokens": self.bench_tokens - (1 if self.turbo else 0)}
+        draws = run(cond, ids, options, generator=generator, **exact)
         while True:
             with self.use("t3", lease):
                 token = next(draws, None)
@@ -269,6 +272,15 @@ class ChatterboxEngine(Engine):
     capabilities = Capabilities(modes=frozenset({"preset", "clone", "cross_lingual"}), sample_rate=SAMPLE_RATE,
                                 stream_out=True, languages=("en",), voice_cache=True,
                                 options=ENGLISH_OPTIONS + (TURBO_OPTIONS[-1],))
+
+    bench_random = ("chatterbox", "chatterbox-turbo")  # `mizuoto bench --random chatterbox`: full-size, random
+
+    def bench_driver(self, model_dir: Path | None, random: str | None, options: Any, settings: Any,
+                     workdir: Path, assets: str | Path | None = None) -> Any:
+        """`mizuoto bench`'s driver: this engine's own model of a directory, or a full-size random one."""
+        from mizuoto_chatterbox.bench import bench_driver
+
+        return bench_driver(model_dir, random, options, settings)
 
     def detect(self, model_dir: Path) -> bool | str:
         try:

@@ -148,8 +148,12 @@ class T3(nn.Module):
     # -- English ---------------------------------------------------------------------------------
     @torch.inference_mode()
     def generate(self, cond: torch.Tensor, text: torch.Tensor, options: T3Options,
-                 generator: torch.Generator | None = None, max_new_tokens: int = MAX_NEW_TOKENS) -> Iterator[int]:
-        """The English model's draws for text ids (L,) with [START]/[STOP] around them, the stop token last."""
+                 generator: torch.Generator | None = None, max_new_tokens: int = MAX_NEW_TOKENS,
+                 ban_stop: bool = False) -> Iterator[int]:
+        """The English model's draws for text ids (L,) with [START]/[STOP] around them, the stop token last.
+
+        ban_stop: the stop token is never drawn (benchmarks: exactly max_new_tokens draws).
+        """
         if options.cfg_weight <= 0:
             raise ValueError("the English T3 samples with classifier-free guidance: cfg_weight must be > 0 "
                              "(upstream 0.1.7 fails at 0 too)")
@@ -171,6 +175,8 @@ class T3(nn.Module):
             if options.temperature != 1.0:
                 scores = lp.temperature(scores, options.temperature)
             scores = lp.top_p(lp.min_p(scores, options.min_p), options.top_p)
+            if ban_stop:
+                scores[:, STOP_SPEECH] = lp.NEG_INF
             token = int(torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator))
             yield token
             if token == STOP_SPEECH:
@@ -183,8 +189,8 @@ class T3(nn.Module):
     @torch.inference_mode()
     def generate_turbo(self, cond: torch.Tensor, text: torch.Tensor, options: T3Options,
                        generator: torch.Generator | None = None,
-                       max_new_tokens: int = TURBO_MAX_NEW_TOKENS) -> Iterator[int]:
-        """Turbo's draws for GPT-2 text ids (L,), the stop token last when it was drawn."""
+                       max_new_tokens: int = TURBO_MAX_NEW_TOKENS, ban_stop: bool = False) -> Iterator[int]:
+        """Turbo's draws for GPT-2 text ids (L,), the stop token last when it was drawn (never with ban_stop)."""
         start = torch.tensor([[START_SPEECH]])
         prompt = torch.cat([cond, self.text_emb(text.reshape(1, -1)), self.speech_emb(start)], dim=1)
         cache = self.tfmr.new_cache()
@@ -195,6 +201,8 @@ class T3(nn.Module):
                                         torch.tensor([drawn]) if drawn else start, options)
             if drawn and bool(torch.all(scores == lp.NEG_INF)):
                 return
+            if ban_stop:
+                scores[:, STOP_SPEECH] = lp.NEG_INF
             token = int(torch.multinomial(F.softmax(scores, dim=-1), 1, generator=generator))
             yield token
             drawn.append(token)
