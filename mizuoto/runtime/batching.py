@@ -18,7 +18,10 @@ fixture case). So a seeded request gives the same tokens under any load; they ma
 the unbatched path's (which is upstream's), and the docs say how often.
 
 Each row keeps its own generator, sampler state, length limits and KV cache (the engine makes
-the cache, sized as its options say); a row leaves when its sequence ends, freeing its place.
+the cache, sized as its options say); a row leaves when its sequence ends, freeing its place. A
+sequence may take several rows at once (`run(..., rows=2)`: classifier-free guidance's conditioned
+and unconditioned rows, Chatterbox's T3): they join together when that many are free, and its
+token loop submits each row's input before collecting each result, so they share the step.
 
 A row moves through explicit states (PRODUCING, WAITING, PENDING, RUNNING, FINISHED below). The
 loop copies what a pass reads when it takes the work, under the condition, so a consumer that
@@ -102,6 +105,12 @@ class Row:
 
     def scores(self, inputs: torch.Tensor) -> torch.Tensor:
         """Feed (1, T, hidden) inputs; the head's output for the last position, once the loop has run it."""
+        self.submit(inputs)
+        return self.collect()
+
+    def submit(self, inputs: torch.Tensor) -> None:
+        """Hand the loop (1, T, hidden) inputs without waiting: a sequence of several rows submits each, then
+        collects each, so its rows can share a pass."""
         b = self.batcher
         with b.cond:
             b.check_open()
@@ -110,7 +119,10 @@ class Row:
             self.done.clear()
             self.pending, self.state = inputs, PENDING
             b.cond.notify_all()
-        b.wait_for(self.done, self.lease, "while its LM step ran")
+
+    def collect(self) -> torch.Tensor:
+        """The head's output for the inputs submitted last, once the loop has run them."""
+        self.batcher.wait_for(self.done, self.lease, "while its LM step ran")
         result, self.result = self.result, None
         if isinstance(result, BaseException):
             raise result
@@ -186,26 +198,32 @@ class DecodeBatcher(Executor):
         """Rows in use now."""
         return sum(r is not None for r in self.rows)
 
-    def run(self, produce: Callable[[Row], Iterator[int]], lease: Lease | None = None) -> Iterator[int]:
+    def run(self, produce: Callable[[Any], Iterator[int]], lease: Lease | None = None,
+            rows: int = 1) -> Iterator[int]:
         """Yield the tokens of `produce(row)` (the engine's token loop, given `steps=row`) run in a row.
 
-        Waits for a free row first. The lease ends that wait and the wait for each token;
-        closing the iterator (or the lease's end) stops the producer at its next step and frees the row.
+        `rows` > 1: the sequence takes that many rows at once (classifier-free guidance's conditioned
+        and unconditioned rows) and `produce` gets them as a tuple. Waits for free rows first. The
+        lease ends that wait and the wait for each token; closing the iterator (or the lease's end)
+        stops the producer at its next step and frees the rows.
         """
-        row = self._join(lease)
+        if not 1 <= rows <= self.width:
+            raise ValueError(f"a sequence takes 1 to {self.width} rows of this batch, not {rows}")
+        group = self._join(lease, rows)
         tokens: queue.Queue = queue.Queue()
 
         def producer() -> None:
             try:
-                for token in produce(row):
+                for token in produce(group[0] if rows == 1 else group):
                     tokens.put(token)
                 tokens.put(_END)
             except BaseException as e:  # handed to the consumer
                 tokens.put(e)
             finally:
-                self._leave(row)
+                for row in group:
+                    self._leave(row)
 
-        thread = threading.Thread(target=producer, name=f"mizuoto-{self.name}-row{row.index}", daemon=True)
+        thread = threading.Thread(target=producer, name=f"mizuoto-{self.name}-row{group[0].index}", daemon=True)
         thread.start()
         try:
             while True:
@@ -221,26 +239,31 @@ class DecodeBatcher(Executor):
                     raise item
                 yield item
         finally:
+            waiting = False
             with self.cond:
-                # a row in a pass (RUNNING) keeps its copied input and the pass goes on: the loop
-                # wakes its producer with _Stopped when the pass ends; only this row ends
-                waiting = row.state == WAITING
-                if row.state == PENDING:
-                    self._deliver(row, _Stopped("the request was closed"))
-                row.state = FINISHED
+                for row in group:
+                    # a row in a pass (RUNNING) keeps its copied input and the pass goes on: the loop
+                    # wakes its producer with _Stopped when the pass ends; only this row ends
+                    waiting = waiting or row.state == WAITING
+                    if row.state == PENDING:
+                        self._deliver(row, _Stopped("the request was closed"))
+                    row.state = FINISHED
             if not waiting:  # it stops at its next input, within a pass; one waiting for streamed
                 thread.join(JOIN_S)  # text stops when that text source ends, and is not waited for
 
-    def _join(self, lease: Lease | None) -> Row:
+    def _join(self, lease: Lease | None, n: int = 1) -> tuple[Row, ...]:
+        """`n` rows taken together once that many are free (a pair never holds one row while waiting for the other)."""
         with self.cond:
             def free() -> bool:
                 self.check_open()
-                return any(r is None for r in self.rows)
+                return sum(r is None for r in self.rows) >= n
             (lease or Lease()).wait_for(self.cond, free, "while waiting for a place in the batch")
-            index = self.rows.index(None)
-            row = self.rows[index] = Row(self, index, lease)
+            group = []
+            for index in [i for i, r in enumerate(self.rows) if r is None][:n]:
+                self.rows[index] = Row(self, index, lease)
+                group.append(self.rows[index])
             self._start()
-            return row
+            return tuple(group)
 
     def _leave(self, row: Row) -> None:
         with self.cond:

@@ -57,13 +57,15 @@ def _greedy(decoder, prompt_len: int, steps: int, seed: int, record: list, feed_
     return produce
 
 
-def _run_together(batcher, produces) -> list[list[int]]:
+def _run_together(batcher, produces, rows: int | list[int] = 1) -> list[list[int]]:
+    """Each token loop in its own thread, started together; `rows`: each one's row count (one for all, or a list)."""
     out: list = [None] * len(produces)
     barrier = threading.Barrier(len(produces))
+    counts = rows if isinstance(rows, list) else [rows] * len(produces)
 
     def run(i):
         barrier.wait()
-        out[i] = list(batcher.run(produces[i]))
+        out[i] = list(batcher.run(produces[i], rows=counts[i]))
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(produces))]
     for t in threads:
@@ -365,4 +367,47 @@ def test_a_requests_first_audio_runs_before_steps_and_earlier_calls(decoder):
         assert t["chunk"] > 0 and t["call"] > 0 and any(k.startswith("step ") for k in t) and t["prefill"] > 0
     finally:
         release.set()
+        batcher.close()
+
+
+def _pair(decoder, steps: int, seed: int, record: list):
+    """A sequence on two rows at once (classifier-free guidance's shape): both fed, then both read, each step."""
+    def produce(rows):
+        assert isinstance(rows, tuple) and len(rows) == 2
+        g = torch.Generator().manual_seed(seed)
+        for row in rows:
+            row.attach(DynamicKVCache())
+        x = torch.randn(2, 4, CFG.hidden_size, generator=g)
+        for _ in range(steps):
+            for i, row in enumerate(rows):
+                row.submit(x[i:i + 1])
+            scores = torch.stack([row.collect() for row in rows])
+            record.append(scores.clone())
+            token = int((scores[0] - scores[1]).argmax())
+            yield token
+            x = decoder.embed_tokens.weight[token].reshape(1, 1, -1).expand(2, 1, -1)
+    return produce
+
+
+@torch.inference_mode()
+def test_a_sequence_of_two_rows_shares_steps_and_is_batch_invariant(decoder):
+    """A pair joins only when two rows are free (never holding one while waiting), its rows share passes,
+    and its scores do not depend on the rows beside it; more rows than the width is an error."""
+    batcher = DecodeBatcher(decoder, _head(decoder), WIDTH, contextlib.nullcontext, sampler=None)
+    try:
+        alone: list = []
+        _run_together(batcher, [_pair(decoder, 8, seed=5, record=alone)], rows=2)
+        steps, rows = batcher.steps, batcher.row_steps
+        assert rows > steps and batcher.stats()["active"] == 0  # its two rows went through steps together
+        mine: list = []
+        pairs = [_pair(decoder, 6, seed=7, record=[]), _pair(decoder, 10, seed=8, record=[])]
+        _run_together(batcher, [*pairs, _pair(decoder, 8, seed=5, record=mine),
+                                _greedy(decoder, 3, 5, seed=9, record=[])], rows=[2, 2, 2, 1])
+        assert len(mine) == len(alone)
+        for i, (a, b) in enumerate(zip(alone, mine)):
+            assert torch.equal(a, b), f"step {i} of the pair differs beside other rows"
+        assert batcher.stats()["active"] == 0
+        with pytest.raises(ValueError, match="rows"):
+            next(iter(batcher.run(_pair(decoder, 1, seed=1, record=[]), rows=WIDTH + 1)))
+    finally:
         batcher.close()

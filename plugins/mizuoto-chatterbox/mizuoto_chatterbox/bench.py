@@ -34,6 +34,16 @@ class ChatterboxBench:
             raise InvalidRequest("bench: the Chatterbox directory has no preset voice (conds.pt)")
         self.request = check_request(SynthesisRequest(settings.text, voice=PRESET_VOICE, seed=0), model)
         self.voice = model.presets[PRESET_VOICE]
+        self.batch_width = model.batch_width
+        self.use_batch(False)
+
+    def use_batch(self, on: bool) -> None:
+        """Route `lm` and `stream` through T3's batch (the --concurrency sweep) or upstream's loop here."""
+        self.model.unbatched = not (on and self.model.batcher is not None)
+
+    def loop_seconds(self) -> dict[str, float]:
+        """Where the batch loop spent its time so far, by kind of work (none without a batch)."""
+        return self.model.batcher.timings() if self.model.batcher is not None else {}
 
     def _generator(self, seed: int) -> torch.Generator:
         return torch.Generator().manual_seed(seed)
@@ -85,8 +95,10 @@ def bench_driver(model_dir: Path | None, random: str | None, options: Any, setti
     from mizuoto_chatterbox.random_model import random_parts
 
     parts = random_parts(random)
+    compute = getattr(options, "compute", None)
     model = ChatterboxModel(Path(random), parts["t3"], parts["s3gen"], _random_text(parts["t3"].turbo),
-                            parts["ve"], parts["tokenizer"], parts["xvector"], parts["preset"])
+                            parts["ve"], parts["tokenizer"], parts["xvector"], parts["preset"],
+                            batch=int(getattr(compute, "batch", 1) or 1))
     return ChatterboxBench(model, settings, "random weights")
 
 

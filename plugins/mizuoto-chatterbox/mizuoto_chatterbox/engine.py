@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from mizuoto.errors import InvalidRequest, ModelLoadError
+from mizuoto.runtime.batching import DecodeBatcher
 from mizuoto.runtime.engine import (AudioChunk, Capabilities, Engine, Model, Reference, RequestOption, Stage,
                                     SynthesisRequest, Voice, VoicePrompt)
 from mizuoto_chatterbox import memory
@@ -76,7 +77,7 @@ class ChatterboxModel(Model):
 
     def __init__(self, model_dir: Path, t3: T3, s3gen: S3Gen, text: TextFront, ve: torch.nn.Module,
                  tokenizer: torch.nn.Module, xvector: torch.nn.Module, preset: Conditioning | None,
-                 watermarker: Any = None) -> None:
+                 watermarker: Any = None, batch: int = 1) -> None:
         self.model_dir = model_dir
         self.turbo = t3.turbo
         self.t3, self.s3gen, self.text, self.ve, self.tokenizer, self.xvector = t3, s3gen, text, ve, tokenizer, xvector
@@ -86,6 +87,14 @@ class ChatterboxModel(Model):
         self._voices_lock = threading.Lock()
         self.figures = memory.Figures(t3, s3gen)
         self.bench_tokens: int | None = None  # set by the bench driver only: T3 speaks exactly this many tokens
+        # compute.batch > 1: T3's steps shared by that many requests in the runtime's continuous batch, each
+        # request taking its cond and uncond rows (Turbo: one); the batch loop is the model's executor
+        self.rows_per_request = 1 if self.turbo else 2
+        self.batcher = DecodeBatcher(t3.tfmr, t3.batch_head, batch * self.rows_per_request, lambda: self.use("t3"),
+                                     None, name=f"t3-{model_dir.name}") if batch > 1 else None
+        self.batch_width = batch if self.batcher is not None else 1
+        self.executor = self.batcher
+        self.unbatched = False  # the bench's single-request table: upstream's loop on this thread
         self.stages = (
             Stage("text", "frontend", {}, memory=lambda request: memory.TEXT_BYTES),
             # CAM++ stays on the CPU (fixed), as upstream's reference analysis is checked there
@@ -139,11 +148,19 @@ class ChatterboxModel(Model):
             raise InvalidRequest(f"unknown voice {voice!r}")
         return found
 
+    def compute(self, fn: Any, lease: Any, kind: str, urgent: bool = False) -> Any:
+        """fn() here, or on the batch loop's thread when the model batches (all its heavy compute runs there)."""
+        if self.executor is None or self.unbatched:
+            return fn()
+        return self.executor.call(fn, lease, kind, urgent=urgent)
+
     def _clone(self, reference: Reference, lease: Any) -> Conditioning:
         from mizuoto_chatterbox.clone import clone_voice
 
-        with self.use("voice", lease), torch.inference_mode():
-            return clone_voice(self, reference.audio)
+        def run() -> Conditioning:
+            with self.use("voice", lease), torch.inference_mode():
+                return clone_voice(self, reference.audio)
+        return self.compute(run, lease, "frontend")
 
     def add_voice(self, voice_id: str, ref_audio: Any, ref_text: str | None = None) -> Voice:
         """Clone a voice from reference audio (its transcript is not used) and keep it under `voice_id`."""
@@ -193,14 +210,23 @@ class ChatterboxModel(Model):
                lease: Any) -> Iterator[int]:
         """T3's draws for the request, one token at a time."""
         options = self._t3_options(request.options)
-        with self.use("text", lease):
-            ids = torch.tensor(self.text.ids(request.text))
         exaggeration = request.options.get("exaggeration", voice.exaggeration)
-        with self.use("t3", lease), torch.inference_mode():
-            cond = self.t3.conditioning(voice.speaker_emb, voice.prompt_tokens, exaggeration)
+
+        def prompt() -> tuple[torch.Tensor, torch.Tensor]:
+            with self.use("text", lease):
+                ids = torch.tensor(self.text.ids(request.text))
+            with self.use("t3", lease), torch.inference_mode():
+                return ids, self.t3.conditioning(voice.speaker_emb, voice.prompt_tokens, exaggeration)
+        ids, cond = self.compute(prompt, lease, "lm input")
         run = self.t3.generate_turbo if self.turbo else self.t3.generate
         exact = {} if self.bench_tokens is None else {  # Turbo draws once more than its max_new_tokens
             "ban_stop": True, "max_new_tokens": self.bench_tokens - (1 if self.turbo else 0)}
+        if self.batcher is not None and not self.unbatched:  # the batch loop runs the passes under the stage gate
+            def produce(rows: Any) -> Iterator[int]:
+                return run(cond, ids, options, generator=generator, rows=rows if isinstance(rows, tuple) else (rows,),
+                           **exact)
+            yield from self.batcher.run(produce, lease, rows=self.rows_per_request)
+            return
         draws = run(cond, ids, options, generator=generator, **exact)
         while True:
             with self.use("t3", lease):
@@ -219,12 +245,16 @@ class ChatterboxModel(Model):
         if not tokens:
             raise InvalidRequest("the model spoke no speech tokens for this text")
         frames = 2 * (voice.gen_prompt_token.shape[-1] + len(tokens))
-        with self.room("s3gen", lease, tokens=frames // 2, frames=frames), self.use("s3gen", lease):
-            mel = self.s3gen.mel(torch.tensor(tokens), voice.gen_prompt_token, voice.gen_prompt_feat,
-                                 voice.gen_embedding, generator)
-            if speed != 1.0:
-                mel = torch.nn.functional.interpolate(mel, size=max(1, int(mel.shape[2] / speed)), mode="linear")
-            return self.s3gen.wav(mel, generator)[0]
+
+        def run() -> torch.Tensor:
+            with self.use("s3gen", lease):
+                mel = self.s3gen.mel(torch.tensor(tokens), voice.gen_prompt_token, voice.gen_prompt_feat,
+                                     voice.gen_embedding, generator)
+                if speed != 1.0:
+                    mel = torch.nn.functional.interpolate(mel, size=max(1, int(mel.shape[2] / speed)), mode="linear")
+                return self.s3gen.wav(mel, generator)[0]
+        with self.room("s3gen", lease, tokens=frames // 2, frames=frames):  # reserved in the request's thread
+            return self.compute(run, lease, "flow", urgent=True)
 
     def mark(self, audio: torch.Tensor) -> torch.Tensor:
         """Perth's watermark over audio, when the model was loaded with one."""
@@ -250,6 +280,8 @@ class ChatterboxModel(Model):
         yield AudioChunk(self.mark(audio), SAMPLE_RATE, 0, True)
 
     def close(self) -> None:
+        if self.batcher is not None:
+            self.batcher.close()  # answers what still waits and joins its loop
         self.presets.clear()
         self.cached.clear()
 
@@ -304,7 +336,9 @@ class ChatterboxEngine(Engine):
             raise ModelLoadError(f"{model_dir}: T3 and S3Gen are of different models (Turbo's T3 goes with "
                                  "s3gen_meanflow.safetensors, the English one with s3gen.safetensors)")
         preset = load_preset(model_dir / PRESET) if (model_dir / PRESET).is_file() else None
+        compute = getattr(options, "compute", None)
         return ChatterboxModel(model_dir, t3, s3gen, TextFront(model_dir, t3.turbo),
                                load_voice_encoder(model_dir / VOICE_ENCODER), load_s3_tokenizer(model_dir),
                                load_xvector(model_dir), preset,
-                               _watermarker(bool(getattr(options, "watermark", True))))
+                               _watermarker(bool(getattr(options, "watermark", True))),
+                               batch=int(getattr(compute, "batch", 1) or 1))

@@ -73,37 +73,38 @@ def stream_audio(model: Any, request: SynthesisRequest, voice: Any, generator: t
     tokens: list[int] = []
     sent_tokens, sent_frames, hop, index = 0, 0, HOP, 0
 
-    def mel(final: bool) -> torch.Tensor:
-        nonlocal sent_frames
+    def chunk(final: bool) -> torch.Tensor:
+        """The audio of the tokens so far past what was sent: the flow on all of them, HiFT on the new mel."""
         speech = tokens + ([SILENCE_TOKEN] * TURBO_TAIL if final and model.turbo else [])
         frames = 2 * (voice.gen_prompt_token.shape[-1] + len(speech))
-        with model.room("s3gen", lease, tokens=frames // 2, frames=frames), model.use("s3gen", lease):
-            out = model.s3gen.mel(torch.tensor(speech), voice.gen_prompt_token, voice.gen_prompt_feat,
-                                  voice.gen_embedding, s3gen_generator, finalize=final)
-        # the frames past those sent (a prompt mel of odd length makes them no multiple of the token rate)
-        out = out[:, :, sent_frames:]
-        sent_frames += out.shape[2]
-        return out
+
+        def run() -> torch.Tensor:
+            nonlocal sent_frames
+            with model.use("s3gen", lease):
+                out = model.s3gen.mel(torch.tensor(speech), voice.gen_prompt_token, voice.gen_prompt_feat,
+                                      voice.gen_embedding, s3gen_generator, finalize=final)
+                # the frames past those sent (a prompt mel of odd length makes them no multiple of the token rate)
+                out = out[:, :, sent_frames:]
+                sent_frames += out.shape[2]
+                return vocoder(out, final)
+        with model.room("s3gen", lease, tokens=frames // 2, frames=frames):  # reserved in the request's thread
+            return model.compute(run, lease, "chunk", urgent=index == 0)
 
     def emit(audio: torch.Tensor, final: bool) -> AudioChunk:
         nonlocal index
-        chunk = AudioChunk(model.mark(audio.contiguous()), SAMPLE_RATE, index, final)
+        out = AudioChunk(model.mark(audio.contiguous()), SAMPLE_RATE, index, final)
         index += 1
-        return chunk
+        return out
 
     for token in model._draws(request, voice, generator, lease):
         if token >= 6561:  # the start or stop token, or a token outside S3Gen's vocabulary
             continue
         tokens.append(token)
         if len(tokens) - sent_tokens >= hop + lookahead:
-            chunk_mel = mel(final=False)
-            with model.use("s3gen", lease):
-                audio = vocoder(chunk_mel, final=False)
+            audio = chunk(final=False)
             sent_tokens = len(tokens) - lookahead
             hop = min(MAX_HOP, hop * GROWTH)
             yield emit(audio, False)  # the last chunk, with final=True, always follows
     if not tokens:
         raise InvalidRequest("the model spoke no speech tokens for this text")
-    with model.use("s3gen", lease):
-        last = vocoder(mel(final=True), final=True)
-    yield emit(last, True)
+    yield emit(chunk(final=True), True)

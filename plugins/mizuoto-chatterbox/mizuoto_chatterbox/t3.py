@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -145,14 +145,41 @@ class T3(nn.Module):
     def _speech_position(self, i: int) -> torch.Tensor:
         return self.speech_pos_emb(torch.tensor([[i]]))
 
+    # -- the backbone's passes ---------------------------------------------------------------------
+    def _forward(self, rows: Sequence[Any] | None, head: Callable[[torch.Tensor], torch.Tensor]
+                 ) -> Callable[[torch.Tensor], torch.Tensor]:
+        """(R, T, D) inputs of the R rows -> their scores (R, V) at the last position.
+
+        Without `rows`, one pass of the backbone over all R rows here (upstream's order: the cond and
+        uncond rows as one batch); with them, each row in the batch loop (`row.submit`, then
+        `row.collect`, so a pair shares a pass), the loop applying `batch_head`.
+        """
+        if rows is None:
+            cache = self.tfmr.new_cache()
+            return lambda x: head(self.tfmr(x, cache))
+        for row in rows:
+            row.attach(self.tfmr.new_cache())
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            for i, row in enumerate(rows):
+                row.submit(x[i:i + 1])
+            return torch.stack([row.collect().reshape(-1) for row in rows])
+        return forward
+
+    def batch_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Scores at the last position of normed hidden states (B, T, D): (V,) for B = 1, (B, V) else."""
+        scores = self.speech_head(hidden[:, -1])
+        return scores[0] if scores.shape[0] == 1 else scores
+
     # -- English ---------------------------------------------------------------------------------
     @torch.inference_mode()
     def generate(self, cond: torch.Tensor, text: torch.Tensor, options: T3Options,
                  generator: torch.Generator | None = None, max_new_tokens: int = MAX_NEW_TOKENS,
-                 ban_stop: bool = False) -> Iterator[int]:
+                 ban_stop: bool = False, rows: Sequence[Any] | None = None) -> Iterator[int]:
         """The English model's draws for text ids (L,) with [START]/[STOP] around them, the stop token last.
 
-        ban_stop: the stop token is never drawn (benchmarks: exactly max_new_tokens draws).
+        ban_stop: the stop token is never drawn (benchmarks: exactly max_new_tokens draws); rows: the
+        cond and uncond rows of a `runtime.batching.DecodeBatcher` to run on (None: a batch of two here).
         """
         if options.cfg_weight <= 0:
             raise ValueError("the English T3 samples with classifier-free guidance: cfg_weight must be > 0 "
@@ -163,11 +190,10 @@ class T3(nn.Module):
         text_emb = text_emb + self.text_pos_emb(torch.arange(tokens.shape[1]))
         start = self.speech_emb(torch.tensor([[START_SPEECH]])) + self._speech_position(0)
         prompt = torch.cat([cond.expand(2, -1, -1), text_emb, start.expand(2, -1, -1), start.expand(2, -1, -1)], 1)
-        cache = self.tfmr.new_cache()
-        hidden = self.tfmr(prompt, cache)
+        forward = self._forward(rows, lambda h: self.speech_head(h)[:, -1, :])
+        scores = forward(prompt)
         drawn = [START_SPEECH]
         for i in range(max_new_tokens):
-            scores = self.speech_head(hidden)[:, -1, :]
             cond_row, uncond_row = scores[0:1], scores[1:2]
             scores = cond_row + torch.as_tensor(options.cfg_weight, dtype=scores.dtype) * (cond_row - uncond_row)
             ids = torch.tensor([drawn])
@@ -183,22 +209,23 @@ class T3(nn.Module):
                 return
             drawn.append(token)
             step = self.speech_emb(torch.tensor([[token]])) + self._speech_position(i + 1)
-            hidden = self.tfmr(step.expand(2, -1, -1), cache)
+            scores = forward(step.expand(2, -1, -1))
 
     # -- Turbo -----------------------------------------------------------------------------------
     @torch.inference_mode()
     def generate_turbo(self, cond: torch.Tensor, text: torch.Tensor, options: T3Options,
                        generator: torch.Generator | None = None,
-                       max_new_tokens: int = TURBO_MAX_NEW_TOKENS, ban_stop: bool = False) -> Iterator[int]:
-        """Turbo's draws for GPT-2 text ids (L,), the stop token last when it was drawn (never with ban_stop)."""
+                       max_new_tokens: int = TURBO_MAX_NEW_TOKENS, ban_stop: bool = False,
+                       rows: Sequence[Any] | None = None) -> Iterator[int]:
+        """Turbo's draws for GPT-2 text ids (L,), the stop token last when it was drawn (never with ban_stop);
+        rows: a `runtime.batching.DecodeBatcher` row (one) to run on."""
         start = torch.tensor([[START_SPEECH]])
         prompt = torch.cat([cond, self.text_emb(text.reshape(1, -1)), self.speech_emb(start)], dim=1)
-        cache = self.tfmr.new_cache()
-        hidden = self.tfmr(prompt, cache)
+        forward = self._forward(rows, lambda h: self.speech_head(h[:, -1:])[:, -1, :])
+        logits = forward(prompt)
         drawn: list[int] = []
         for _ in range(max_new_tokens + 1):
-            scores = self._turbo_scores(self.speech_head(hidden[:, -1:])[:, -1, :],
-                                        torch.tensor([drawn]) if drawn else start, options)
+            scores = self._turbo_scores(logits, torch.tensor([drawn]) if drawn else start, options)
             if drawn and bool(torch.all(scores == lp.NEG_INF)):
                 return
             if ban_stop:
@@ -208,7 +235,7 @@ class T3(nn.Module):
             drawn.append(token)
             if token == STOP_SPEECH:
                 return
-            hidden = self.tfmr(self.speech_emb(torch.tensor([[token]])), cache)
+            logits = forward(self.speech_emb(torch.tensor([[token]])))
 
     @staticmethod
     def _turbo_scores(scores: torch.Tensor, ids: torch.Tensor, o: T3Options) -> torch.Tensor:
