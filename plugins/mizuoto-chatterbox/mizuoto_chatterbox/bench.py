@@ -83,6 +83,20 @@ class ChatterboxBench:
         for chunk in stream_audio(self.model, request, self.voice, self._generator(0), 0, None):
             yield chunk.samples
 
+    # -- bench --memory ------------------------------------------------------------------------
+    tokens_per_second = 25.0  # S3 speech tokens per second of audio
+
+    def memory_case(self, tokens: int, stream: bool, rows: int) -> None:
+        """One request of `tokens` speech tokens through the engine's own calls (S3Gen's inside `Model.room`)."""
+        if rows != 1:
+            raise InvalidRequest("bench --memory: Chatterbox cases run one request (--memory-rows 1)")
+        if stream:
+            for _ in self.stream(tokens):
+                pass
+            return
+        tokens_out = self.model.speech_tokens(self._exactly(tokens), self.voice, self._generator(0))
+        self.model._to_audio(tokens_out, self.voice, self._generator(1), 1.0, None)
+
 
 def bench_driver(model_dir: Path | None, random: str | None, options: Any, settings: Any) -> ChatterboxBench:
     """The driver of a loaded directory, or of a full-size random model of kind `random`."""

@@ -120,17 +120,21 @@ class ChatterboxModel(Model):
             return memory.TEXT_IDS_BOUND
 
     def _t3_memory(self, request: SynthesisRequest | None) -> int:
-        return self.figures.t3(self._text_ids(request), self._prompt_tokens())
+        return self.figures.t3(self._text_ids(request), self._prompt_tokens(request))
 
     def _voice_memory(self, request: SynthesisRequest | None) -> int:
         if request is not None and not isinstance(request.voice, Reference):
             return 0
         return memory.VOICE_BYTES
 
-    def _prompt_tokens(self) -> int:
-        with self._voices_lock:
-            voices = list(self.presets.values()) + list(self.cached.values())
-        return max((v.prompt_tokens.shape[-1] for v in voices), default=memory.PROMPT_TOKENS_BOUND[self.turbo])
+    def _prompt_tokens(self, request: SynthesisRequest | None) -> int:
+        """T3's speech prompt for the request's voice: a known voice's own, else upstream's cap (a clip's)."""
+        if request is not None and isinstance(request.voice, str):
+            with self._voices_lock:
+                found = self.presets.get(request.voice) or self.cached.get(request.voice)
+            if found is not None:
+                return found.prompt_tokens.shape[-1]
+        return memory.PROMPT_TOKENS_BOUND[self.turbo]
 
     # -- voices ------------------------------------------------------------------------------------
     def voices(self) -> list[Voice]:

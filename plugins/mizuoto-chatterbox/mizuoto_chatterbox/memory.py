@@ -51,9 +51,10 @@ class Figures:
         activations = (prefill * LM_PREFILL_WIDTHS * self.width + self.vocab) * FLOAT
         return int(self.rows * (cache + activations) + FIXED_BYTES)
 
-    def s3gen(self, tokens: int, frames: int) -> int:
-        """Bytes one S3Gen call needs: its flow over `tokens` (prompt and speech) into `frames`, then HiFT."""
-        return max(self.flow(tokens, frames), self.hift(frames))
+    def s3gen(self, tokens: int, frames: int, vocoded: int | None = None) -> int:
+        """Bytes one S3Gen call needs: its flow over `tokens` (prompt and speech) into `frames`, then HiFT over
+        `vocoded` mel frames (None: all of them; a streamed chunk's: its new frames and HiFT's cache)."""
+        return max(self.flow(tokens, frames), self.hift(frames if vocoded is None else vocoded))
 
     def s3gen_least(self) -> int:
         """What any S3Gen call needs whatever its sizes (a voice's prompt may be short)."""

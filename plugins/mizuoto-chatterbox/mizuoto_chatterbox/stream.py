@@ -77,6 +77,7 @@ def stream_audio(model: Any, request: SynthesisRequest, voice: Any, generator: t
         """The audio of the tokens so far past what was sent: the flow on all of them, HiFT on the new mel."""
         speech = tokens + ([SILENCE_TOKEN] * TURBO_TAIL if final and model.turbo else [])
         frames = 2 * (voice.gen_prompt_token.shape[-1] + len(speech))
+        vocoded = 2 * (len(speech) - sent_tokens) + MEL_CACHE + 1  # the new mel (at most), HiFT's cache before it
 
         def run() -> torch.Tensor:
             nonlocal sent_frames
@@ -87,7 +88,7 @@ def stream_audio(model: Any, request: SynthesisRequest, voice: Any, generator: t
                 out = out[:, :, sent_frames:]
                 sent_frames += out.shape[2]
                 return vocoder(out, final)
-        with model.room("s3gen", lease, tokens=frames // 2, frames=frames):  # reserved in the request's thread
+        with model.room("s3gen", lease, tokens=frames // 2, frames=frames, vocoded=vocoded):  # in the request's thread
             return model.compute(run, lease, "chunk", urgent=index == 0)
 
     def emit(audio: torch.Tensor, final: bool) -> AudioChunk:

@@ -196,13 +196,13 @@ class T3(nn.Module):
         for i in range(max_new_tokens):
             cond_row, uncond_row = scores[0:1], scores[1:2]
             scores = cond_row + torch.as_tensor(options.cfg_weight, dtype=scores.dtype) * (cond_row - uncond_row)
+            if ban_stop:  # before the filters, which then keep the likeliest of the others
+                scores[:, STOP_SPEECH] = lp.NEG_INF
             ids = torch.tensor([drawn])
             scores = lp.repetition_penalty(ids, scores, float(options.repetition_penalty))
             if options.temperature != 1.0:
                 scores = lp.temperature(scores, options.temperature)
             scores = lp.top_p(lp.min_p(scores, options.min_p), options.top_p)
-            if ban_stop:
-                scores[:, STOP_SPEECH] = lp.NEG_INF
             token = int(torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator))
             yield token
             if token == STOP_SPEECH:
@@ -225,11 +225,12 @@ class T3(nn.Module):
         logits = forward(prompt)
         drawn: list[int] = []
         for _ in range(max_new_tokens + 1):
+            if ban_stop:  # before the filters, which then keep the likeliest of the others
+                logits = logits.clone()
+                logits[:, STOP_SPEECH] = lp.NEG_INF
             scores = self._turbo_scores(logits, torch.tensor([drawn]) if drawn else start, options)
             if drawn and bool(torch.all(scores == lp.NEG_INF)):
                 return
-            if ban_stop:
-                scores[:, STOP_SPEECH] = lp.NEG_INF
             token = int(torch.multinomial(F.softmax(scores, dim=-1), 1, generator=generator))
             yield token
             drawn.append(token)
