@@ -103,11 +103,33 @@ def test_a_cloned_voice_is_cached_exported_and_imported_as_it_was(case):
         rt.model(name).remove_voice(voice_id + "-copy")
 
 
-def test_the_watermark_marks_only_when_asked(case, tmp_path):
-    from mizuoto_chatterbox.engine import ChatterboxEngine
-    from mizuoto.runtime.options import parse_options
+class _Perth:
+    """A stand-in for resemble-perth's module: its watermarker adds a recognisable offset."""
 
-    model = ChatterboxEngine().load(case.model_dir, parse_options(watermark=False))
-    assert model.watermarker is None
-    audio = torch.linspace(-0.5, 0.5, 2400)
-    assert model.mark(audio) is audio
+    class PerthImplicitWatermarker:
+        def apply_watermark(self, wav, sample_rate):
+            assert sample_rate == 24000 and wav.dtype.name == "float32"
+            return wav + 0.25
+
+
+def test_the_watermark_marks_every_output_when_installed_and_on(case, monkeypatch):
+    import sys
+
+    from mizuoto.runtime.options import parse_options
+    from mizuoto_chatterbox.engine import ChatterboxEngine
+
+    if "expected_error" in case.spec or case.clip is not None:
+        return
+    monkeypatch.setitem(sys.modules, "perth", _Perth)
+    marked = ChatterboxEngine().load(case.model_dir, parse_options())
+    plain = ChatterboxEngine().load(case.model_dir, parse_options(watermark=False))
+    assert plain.watermarker is None and marked.watermarker is not None
+    from mizuoto.runtime.engine import SynthesisRequest, check_request
+
+    for stream in (False, True):
+        req = check_request(SynthesisRequest(case.spec["text"], voice="default", seed=1, stream=stream), marked)
+        with_mark = torch.cat([c.samples for c in marked.synthesize(req)])
+        without = torch.cat([c.samples for c in plain.synthesize(req)])
+        assert torch.equal(with_mark, without + 0.25)
+    monkeypatch.setitem(sys.modules, "perth", None)  # not installed: nothing is marked, nothing fails
+    assert ChatterboxEngine().load(case.model_dir, parse_options()).watermarker is None
