@@ -46,3 +46,31 @@ def test_the_document_describes_each_engines_options(client):
     variants = {v["title"]: v for v in body["properties"]["options"]["anyOf"]}
     assert variants["tone options"]["properties"]["transpose"]["maximum"] == 12
     assert variants["tone options"]["additionalProperties"] is False
+
+
+def test_a_websocket_session_takes_options(server):
+    """`options` in session.start reach the engine; a bad one is refused before the session starts."""
+    import json
+
+    from websockets.sync.client import connect
+
+    def session(start: dict) -> list:
+        url = server.url.replace("http://", "ws://") + "/v1/audio/speech/stream"
+        with connect(url, open_timeout=10) as ws:
+            ws.send(json.dumps({"type": "session.start", "model": "tone", "voice": "low", "seed": 1, **start}))
+            out = [json.loads(ws.recv(timeout=30))]
+            if out[0]["type"] != "session.created":
+                return out
+            ws.send(json.dumps({"type": "input_text.append", "text": "aaaa"}))
+            ws.send(json.dumps({"type": "input_text.done"}))
+            while True:
+                msg = ws.recv(timeout=30)
+                out.append(msg if isinstance(msg, bytes) else json.loads(msg))
+                if not isinstance(msg, bytes):
+                    return out
+
+    plain, octave = session({}), session({"options": {"transpose": 12}})
+    assert plain[-1]["type"] == octave[-1]["type"] == "speech.audio.done"
+    assert b"".join(m for m in plain if isinstance(m, bytes)) != b"".join(m for m in octave if isinstance(m, bytes))
+    refused = session({"options": {"transpose": 99}})
+    assert refused[-1]["type"] == "error" and "transpose" in refused[-1]["error"]["message"], refused
