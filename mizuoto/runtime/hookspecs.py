@@ -1,7 +1,7 @@
 """The plugin interface: every pluggy hook, grouped, with its calling convention. Cheap to import (no torch).
 
-Implementers in this repository: `mizuoto_engines` by the built-in engines (runtime/plugins.py)
-and mizuoto-piper; `mizuoto_assets` by the CosyVoice engine's resources; `mizuoto_example_models`
+Implementers in this repository: `mizuoto_engines` by the built-in engines (runtime/plugins.py),
+mizuoto-piper and mizuoto-chatterbox; `mizuoto_assets` by the CosyVoice engine's resources; `mizuoto_example_models`
 by mizuoto-piper (its pinned default voice).
 """
 
