@@ -334,6 +334,10 @@ class ChatterboxEngine(Engine):
         precision = getattr(options, "precision", "fp32")
         if precision != "fp32":
             raise ModelLoadError(f"Chatterbox runs in fp32 here; precision {precision!r} is not supported")
+        device = str(getattr(options, "device", "cpu"))
+        if device not in ("cpu", "auto"):  # its draws and buffers are made on the CPU (docs/engines/chatterbox.md)
+            raise ModelLoadError(f"mizuoto-chatterbox runs on the CPU for now, not {device}: load it with "
+                                 "device=cpu (--device cpu)")
         t3 = load_t3(one_of(model_dir, T3_FILES))
         s3gen = load_s3gen(one_of(model_dir, S3GEN_FILES))
         if t3.turbo != s3gen.meanflow:

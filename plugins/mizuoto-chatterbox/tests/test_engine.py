@@ -133,3 +133,14 @@ def test_the_watermark_marks_every_output_when_installed_and_on(case, monkeypatc
         assert torch.equal(with_mark, without + 0.25)
     monkeypatch.setitem(sys.modules, "perth", None)  # not installed: nothing is marked, nothing fails
     assert ChatterboxEngine().load(case.model_dir, parse_options()).watermarker is None
+
+
+def test_a_device_other_than_the_cpu_is_refused_at_load(case):
+    from dataclasses import replace
+
+    from mizuoto.errors import ModelLoadError
+    from mizuoto.runtime.options import LoadOptions
+    from mizuoto_chatterbox.engine import ChatterboxEngine
+
+    with pytest.raises(ModelLoadError, match="runs on the CPU.*--device cpu"):
+        ChatterboxEngine().load(case.model_dir, replace(LoadOptions(), device="cuda"))
