@@ -27,7 +27,7 @@ from mizuoto_chatterbox import memory
 from mizuoto_chatterbox.clip import TURBO_MIN_SECONDS
 from mizuoto_chatterbox.gen_ref import load_xvector
 from mizuoto_chatterbox.s3gen import SAMPLE_RATE, S3Gen, load_s3gen
-from mizuoto_chatterbox.t3 import START_SPEECH, STOP_SPEECH, T3, T3Options, load_t3
+from mizuoto_chatterbox.t3 import START_SPEECH, STOP_SPEECH, TURBO_MAX_NEW_TOKENS, T3, T3Options, load_t3
 from mizuoto_chatterbox.text import TextFront
 from mizuoto_chatterbox.voice import Voice as Conditioning
 from mizuoto_chatterbox.voice import load_preset, load_s3_tokenizer, load_voice_encoder
@@ -220,7 +220,9 @@ class ChatterboxModel(Model):
             with self.use("text", lease):
                 ids = torch.tensor(self.text.ids(request.text))
             with self.use("t3", lease), torch.inference_mode():
-                return ids, self.t3.conditioning(voice.speaker_emb, voice.prompt_tokens, exaggeration)
+                cond = self.t3.conditioning(voice.speaker_emb, voice.prompt_tokens, exaggeration)
+            self._check_length(ids.numel(), cond.shape[1])
+            return ids, cond
         ids, cond = self.compute(prompt, lease, "lm input")
         run = self.t3.generate_turbo if self.turbo else self.t3.generate
         exact = {} if self.bench_tokens is None else {  # Turbo draws once more than its max_new_tokens
@@ -238,6 +240,18 @@ class ChatterboxModel(Model):
             if token is None:
                 return
             yield token
+
+    def _check_length(self, text_ids: int, cond: int) -> None:
+        """A text longer than T3's position tables is refused with its length (upstream fails on an index)."""
+        t3 = self.t3
+        if t3.text_pos_emb is not None and text_ids > t3.text_pos_emb.num_embeddings:
+            raise InvalidRequest(f"the text is too long for this model: {text_ids} text ids, at most "
+                                 f"{t3.text_pos_emb.num_embeddings}; split it into several requests")
+        positions = t3.tfmr.config.max_positions
+        if positions and cond + text_ids + 2 + TURBO_MAX_NEW_TOKENS > positions:
+            raise InvalidRequest(f"the text is too long for this model: {text_ids} text ids with the voice's "
+                                 f"{cond} conditioning positions and up to {TURBO_MAX_NEW_TOKENS + 1} speech tokens "
+                                 f"exceed its {positions} positions; split it into several requests")
 
     def speech_tokens(self, request: SynthesisRequest, voice: Conditioning, generator: torch.Generator,
                       lease: Any = None) -> list[int]:

@@ -144,3 +144,13 @@ def test_a_device_other_than_the_cpu_is_refused_at_load(case):
 
     with pytest.raises(ModelLoadError, match="runs on the CPU.*--device cpu"):
         ChatterboxEngine().load(case.model_dir, replace(LoadOptions(), device="cuda"))
+
+
+def test_a_text_longer_than_the_position_tables_is_refused_with_its_length(case):
+    name = _loaded(case.model_dir)
+    model = _runtime().model(name)
+    t3 = model.t3
+    limit = t3.text_pos_emb.num_embeddings if t3.text_pos_emb is not None else t3.tfmr.config.max_positions
+    words = "word " * limit  # more ids than any table holds (a word is at least one id)
+    with pytest.raises(InvalidRequest, match="too long for this model"):
+        list(_runtime().synthesize(name, words, voice=_request(case)["voice"], seed=1))
