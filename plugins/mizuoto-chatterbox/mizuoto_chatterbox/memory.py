@@ -1,9 +1,10 @@
 """Working memory of Chatterbox's stages, from the loaded modules' sizes.
 
 - **T3**: the KV cache of every layer for each row (two with classifier-free guidance, one for
-  Turbo) over its positions (conditioning, text, start, up to upstream's 1000 speech tokens),
-  held LM_CACHE_COPIES times while it grows (the dynamic cache is grown by concatenation), plus
-  the prompt's activations (LM_PREFILL_WIDTHS of its widest layer per position) and the logits.
+  Turbo) over its positions (conditioning, text, start, up to upstream's 1000 speech tokens):
+  allocated once at that cap on the unbatched path, grown by concatenation in a batch's rows, so
+  counted LM_CACHE_COPIES times, plus the prompt's activations (LM_PREFILL_WIDTHS of its widest
+  layer per position) and the logits.
 - **S3Gen**: CosyVoice 2's flow and HiFT, measured by the blocks' own figures
   (`mizuoto.nn.flow.memory`, `mizuoto.nn.vocoders.memory`); they run one after the other, so a
   call needs the larger. A request is admitted with what any call needs (the voice prompt's

@@ -33,6 +33,7 @@ from torch import nn
 
 from mizuoto.nn.lm import logits as lp
 from mizuoto.nn.lm.decoder import Decoder, DecoderConfig
+from mizuoto.nn.lm.kv_cache import StaticKVCache
 from mizuoto.runtime.convert.checkpoint import DictSource, match_state_dict
 from mizuoto_chatterbox.weights import count_children, read_weights, reduced_config
 
@@ -146,17 +147,28 @@ class T3(nn.Module):
         return self.speech_pos_emb(torch.tensor([[i]]))
 
     # -- the backbone's passes ---------------------------------------------------------------------
-    def _forward(self, rows: Sequence[Any] | None, head: Callable[[torch.Tensor], torch.Tensor]
+    def _forward(self, rows: Sequence[Any] | None, head: Callable[[torch.Tensor], torch.Tensor], steps: int
                  ) -> Callable[[torch.Tensor], torch.Tensor]:
-        """(R, T, D) inputs of the R rows -> their scores (R, V) at the last position.
+        """(R, T, D) inputs of the R rows -> their scores (R, V) at the last position; at most `steps` after the first.
 
         Without `rows`, one pass of the backbone over all R rows here (upstream's order: the cond and
-        uncond rows as one batch); with them, each row in the batch loop (`row.submit`, then
-        `row.collect`, so a pair shares a pass), the loop applying `batch_head`.
+        uncond rows as one batch) over a static KV cache sized for the prompt and `steps` more
+        positions (an index write a step instead of upstream's growing concatenation: the same
+        numbers, checked at the released sizes, and no copy of the cache each step); with them, each
+        row in the batch loop (`row.submit`, then `row.collect`, so a pair shares a pass), the loop
+        applying `batch_head`.
         """
         if rows is None:
-            cache = self.tfmr.new_cache()
-            return lambda x: head(self.tfmr(x, cache))
+            cache: StaticKVCache | None = None
+
+            def direct(x: torch.Tensor) -> torch.Tensor:
+                nonlocal cache
+                if cache is None:  # sized by the prompt, the first input
+                    cfg = self.tfmr.config
+                    cache = StaticKVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim,
+                                          x.shape[1] + steps, batch=x.shape[0])
+                return head(self.tfmr(x, cache))
+            return direct
         for row in rows:
             row.attach(self.tfmr.new_cache())
 
@@ -190,7 +202,7 @@ class T3(nn.Module):
         text_emb = text_emb + self.text_pos_emb(torch.arange(tokens.shape[1]))
         start = self.speech_emb(torch.tensor([[START_SPEECH]])) + self._speech_position(0)
         prompt = torch.cat([cond.expand(2, -1, -1), text_emb, start.expand(2, -1, -1), start.expand(2, -1, -1)], 1)
-        forward = self._forward(rows, lambda h: self.speech_head(h)[:, -1, :])
+        forward = self._forward(rows, lambda h: self.speech_head(h)[:, -1, :], max_new_tokens)
         scores = forward(prompt)
         drawn = [START_SPEECH]
         for i in range(max_new_tokens):
@@ -221,7 +233,7 @@ class T3(nn.Module):
         rows: a `runtime.batching.DecodeBatcher` row (one) to run on."""
         start = torch.tensor([[START_SPEECH]])
         prompt = torch.cat([cond, self.text_emb(text.reshape(1, -1)), self.speech_emb(start)], dim=1)
-        forward = self._forward(rows, lambda h: self.speech_head(h[:, -1:])[:, -1, :])
+        forward = self._forward(rows, lambda h: self.speech_head(h[:, -1:])[:, -1, :], max_new_tokens + 1)
         logits = forward(prompt)
         drawn: list[int] = []
         for _ in range(max_new_tokens + 1):

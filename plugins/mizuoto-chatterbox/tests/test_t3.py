@@ -24,3 +24,21 @@ def test_every_draw_equals_upstreams(case):
     run = model.generate_turbo if model.turbo else model.generate
     drawn = list(run(ref["t3_cond_emb"], text, case.t3_options()))
     assert torch.equal(torch.tensor(drawn), ref["t3_sampled_tokens"]), (len(drawn), ref["t3_sampled_tokens"].numel())
+
+
+def test_the_static_cache_gives_the_dynamic_caches_numbers(case):
+    """T3's unbatched path writes a static KV cache; upstream's grows by concatenation: the same outputs."""
+    from mizuoto.nn.lm.kv_cache import StaticKVCache
+
+    t3 = case.t3()
+    cfg = t3.tfmr.config
+    g = torch.Generator().manual_seed(0)
+    rows = 1 if t3.turbo else 2
+    x = torch.randn(rows, 40, cfg.hidden_size, generator=g)
+    with torch.inference_mode():
+        dynamic = t3.tfmr.new_cache()
+        static = StaticKVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, 60, batch=rows)
+        assert torch.equal(t3.tfmr(x, dynamic), t3.tfmr(x, static))
+        for _ in range(8):
+            step = torch.randn(rows, 1, cfg.hidden_size, generator=g)
+            assert torch.equal(t3.tfmr(step, dynamic), t3.tfmr(step, static))
