@@ -193,6 +193,8 @@ class ChatterboxModel(Model):
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidRequest(f"voice {voice_id!r} is not a Chatterbox voice prompt: {exc}") from None
         with self._voices_lock:
+            if voice_id in self.presets:
+                raise InvalidRequest(f"{voice_id!r} is the preset voice's id")
             self.cached[voice_id] = conditioning
         return Voice(voice_id, "cached", "a cloned voice")
 

@@ -154,3 +154,20 @@ def test_a_text_longer_than_the_position_tables_is_refused_with_its_length(case)
     words = "word " * limit  # more ids than any table holds (a word is at least one id)
     with pytest.raises(InvalidRequest, match="too long for this model"):
         list(_runtime().synthesize(name, words, voice=_request(case)["voice"], seed=1))
+
+
+def test_a_foreign_or_preset_named_voice_prompt_is_refused(case):
+    from mizuoto.runtime.engine import VoicePrompt
+
+    model = _runtime().model(_loaded(case.model_dir))
+    with pytest.raises(InvalidRequest, match="other Chatterbox model"):
+        model.import_voice("x", VoicePrompt({}, {"turbo": str(not model.turbo), "exaggeration": "0.5"}))
+    with pytest.raises(InvalidRequest, match="not a Chatterbox voice prompt"):
+        model.import_voice("x", VoicePrompt({"pitch": torch.zeros(1)}, {"turbo": str(model.turbo),
+                                                                        "exaggeration": "0.5"}))
+    if model.presets:
+        preset = next(iter(model.presets.values()))
+        prompt = VoicePrompt({k: v for k, v in vars(preset).items() if isinstance(v, torch.Tensor)},
+                             {"turbo": str(model.turbo), "exaggeration": "0.5"})
+        with pytest.raises(InvalidRequest, match="preset voice's id"):
+            model.import_voice(next(iter(model.presets)), prompt)
