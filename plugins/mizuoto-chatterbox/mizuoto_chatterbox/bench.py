@@ -18,7 +18,7 @@ import torch
 from mizuoto.errors import InvalidRequest
 from mizuoto.runtime.engine import SynthesisRequest, check_request
 from mizuoto.runtime.memory import tensor_bytes
-from mizuoto_chatterbox.engine import PRESET_VOICE, ChatterboxModel
+from mizuoto_chatterbox.engine import PRESET_VOICE, ChatterboxEngine, ChatterboxModel
 from mizuoto_chatterbox.stream import stream_audio
 
 
@@ -103,30 +103,13 @@ def bench_driver(model_dir: Path | None, random: str | None, options: Any, setti
     if str(getattr(options, "device", "cpu")) not in ("cpu", "auto"):
         raise InvalidRequest("bench: the Chatterbox engine runs on the CPU for now")
     if model_dir is not None:
-        from mizuoto_chatterbox.engine import ChatterboxEngine
-
         return ChatterboxBench(ChatterboxEngine().load(model_dir, options), settings, Path(model_dir).name)
     from mizuoto_chatterbox.random_model import random_parts
 
     parts = random_parts(random)
     compute = getattr(options, "compute", None)
-    model = ChatterboxModel(Path(random), parts["t3"], parts["s3gen"], _random_text(parts["t3"].turbo),
+    model = ChatterboxModel(Path(random), parts["t3"], parts["s3gen"], parts["text"],
                             parts["ve"], parts["tokenizer"], parts["xvector"], parts["preset"],
                             batch=int(getattr(compute, "batch", 1) or 1))
     return ChatterboxBench(model, settings, "random weights")
 
-
-class _CharText:
-    """Text ids for a random model: one id per character (the released tokenizers are not here)."""
-
-    def __init__(self, vocab: int) -> None:
-        self.vocab = vocab
-
-    def ids(self, text: str) -> list[int]:
-        return [1 + ord(c) % (self.vocab - 2) for c in text]
-
-
-def _random_text(turbo: bool) -> _CharText:
-    from mizuoto_chatterbox.random_model import TEXT_VOCAB
-
-    return _CharText(TEXT_VOCAB[turbo])

@@ -168,7 +168,10 @@ class ChatterboxModel(Model):
 
     def add_voice(self, voice_id: str, ref_audio: Any, ref_text: str | None = None) -> Voice:
         """Clone a voice from reference audio (its transcript is not used) and keep it under `voice_id`."""
-        conditioning = self._clone(Reference(ref_audio, ref_text), None)
+        return self._keep(voice_id, self._clone(Reference(ref_audio, ref_text), None))
+
+    def _keep(self, voice_id: str, conditioning: Conditioning) -> Voice:
+        """Cache `conditioning` under `voice_id` (not the preset's id)."""
         with self._voices_lock:
             if voice_id in self.presets:
                 raise InvalidRequest(f"{voice_id!r} is the preset voice's id")
@@ -192,11 +195,7 @@ class ChatterboxModel(Model):
             conditioning = Conditioning(exaggeration=float(prompt.meta["exaggeration"]), **prompt.tensors)
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidRequest(f"voice {voice_id!r} is not a Chatterbox voice prompt: {exc}") from None
-        with self._voices_lock:
-            if voice_id in self.presets:
-                raise InvalidRequest(f"{voice_id!r} is the preset voice's id")
-            self.cached[voice_id] = conditioning
-        return Voice(voice_id, "cached", "a cloned voice")
+        return self._keep(voice_id, conditioning)
 
     def remove_voice(self, voice_id: str) -> None:
         with self._voices_lock:

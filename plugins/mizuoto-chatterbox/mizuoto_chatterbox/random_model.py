@@ -92,7 +92,7 @@ def _xvector() -> CAMPPlus:
                     out_batchnorm=True, folded=False, dense_affine=False).eval()
 
 
-def _preset(turbo: bool, speech_vocab: int, g: torch.Generator) -> Voice:
+def _preset(turbo: bool, g: torch.Generator) -> Voice:
     return Voice(speaker_emb=torch.randn(1, SPEAKER, generator=g),
                  prompt_tokens=torch.randint(0, 6561, (1, PROMPT_TOKENS[turbo]), generator=g),
                  exaggeration=0.5,
@@ -101,8 +101,20 @@ def _preset(turbo: bool, speech_vocab: int, g: torch.Generator) -> Voice:
                  gen_embedding=torch.randn(1, XVECTOR, generator=g))
 
 
+class CharText:
+    """Text ids for a random model: one id per character (the released tokenizers are not here)."""
+
+    def __init__(self, vocab: int) -> None:
+        self.vocab = vocab
+
+    def ids(self, text: str) -> list[int]:
+        """One id per character, inside the vocabulary."""
+        return [1 + ord(c) % (self.vocab - 2) for c in text]
+
+
 def random_parts(kind: str, seed: int = 0) -> dict:
-    """The modules and preset voice of a full-size random model of `kind` (KINDS), as ChatterboxModel takes them."""
+    """The modules, text ids and preset voice of a full-size random model of `kind` (KINDS), as ChatterboxModel
+    takes them."""
     if kind not in KINDS:
         raise ValueError(f"unknown random Chatterbox kind {kind!r}; known: {', '.join(KINDS)}")
     turbo = kind.endswith("turbo")
@@ -111,5 +123,6 @@ def random_parts(kind: str, seed: int = 0) -> dict:
         parts = {"t3": _t3(turbo).eval(), "s3gen": _s3gen(turbo).eval(),
                  "ve": LSTMSpeakerEncoder(40, 256, 3, SPEAKER).eval(), "tokenizer": _tokenizer().eval(),
                  "xvector": _xvector()}
-    parts["preset"] = _preset(turbo, SPEECH_VOCAB[turbo], torch.Generator().manual_seed(seed + 1))
+    parts["preset"] = _preset(turbo, torch.Generator().manual_seed(seed + 1))
+    parts["text"] = CharText(TEXT_VOCAB[turbo])
     return parts
