@@ -497,7 +497,7 @@ class Runtime:
             raise InvalidRequest("voice id must be a non-empty string")
         lease = Lease()
         try:
-            with self._turn(loaded, loaded.plan, None, lease), loaded.scheduler.bound():
+            with self._turn(loaded, loaded.plan, None, lease):
                 voice = loaded.scheduler.executor.call(lambda: loaded.model.add_voice(voice_id, ref_audio, ref_text),
                                                        lease)
         finally:

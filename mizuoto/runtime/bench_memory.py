@@ -24,6 +24,8 @@ from typing import Any
 import torch
 
 from mizuoto.errors import InvalidRequest, MizuotoError
+from mizuoto.runtime.engine import stage_device
+from mizuoto.runtime.executor import Executor
 from mizuoto.runtime.malloc import tune_malloc
 from mizuoto.runtime.memory import format_bytes
 from mizuoto.runtime.memprobe import measure_peak
@@ -51,20 +53,25 @@ class MemoryCase:
 
 
 class CallRecorder:
-    """The model's call reservations (`Model.bind(room=...)`) while a case runs: each call measured.
+    """The placement `bench --memory` gives the model's executor: stages run where their modules are,
+    and each call reservation (`Model.room`) is measured.
 
     The probe sees the whole process, so one call is measured at a time: a reservation made while
     another is open (the rows of a batch inside the batch's own) is part of that one, not recorded.
     """
 
-    def __init__(self, device: Any):
-        self.device = device
+    def __init__(self, model: Any, device: Any):
+        self.model, self.device = model, device
         self.calls: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._open = 0
 
     @contextlib.contextmanager
-    def __call__(self, stage: str, lease: Any, working: int, sizes: dict[str, int]) -> Iterator[None]:
+    def place(self, stage: str, lease: Any = None) -> Iterator[Any]:
+        yield stage_device(self.model.stage(stage))
+
+    @contextlib.contextmanager
+    def reserve(self, stage: str, lease: Any, working: int, sizes: dict[str, int]) -> Iterator[None]:
         with self._lock:
             self._open += 1
             outer = self._open == 1
@@ -81,18 +88,28 @@ class CallRecorder:
 
 
 def run_case(driver: Any, case: MemoryCase) -> list[dict[str, Any]]:
-    """Run `case` through the driver in this process; the measured calls (after a warm-up request)."""
+    """Run `case` through the driver in this process; the measured calls (after a warm-up request).
+
+    The model runs on an executor as under a runtime (its own, or one made for the case), whose
+    placement is the recorder.
+    """
     for need in ("model", "tokens_per_second", "memory_case"):
         if not hasattr(driver, need):
             raise InvalidRequest(f"bench --memory: the driver of {driver.name} has no {need!r}")
-    recorder = CallRecorder(driver.device)
-    driver.model.bind(None, recorder)
+    model = driver.model
+    own = model.executor
+    executor = own if own is not None else Executor(f"bench-{driver.name}")
+    recorder = CallRecorder(model, driver.device)
+    model.executor, executor.placement = executor, recorder
     try:
         driver.memory_case(max(1, round(WARMUP_SECONDS * driver.tokens_per_second)), case.stream, case.rows)
         recorder.calls.clear()
         driver.memory_case(max(1, round(case.seconds * driver.tokens_per_second)), case.stream, case.rows)
     finally:
-        driver.model.bind(None)
+        executor.placement = None
+        if own is None:
+            executor.close()
+            model.executor = None
     return [{**call, **asdict(case)} for call in recorder.calls]
 
 

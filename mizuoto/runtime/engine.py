@@ -7,7 +7,6 @@ import contextlib
 import inspect
 import math
 import os
-import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -320,24 +319,24 @@ class Stage:
 class Model(abc.ABC):
     """A loaded model. Engines subclass it; the runtime drives it only through these members.
 
-    Engine code wraps each stage's work in `with self.use(stage_name) as device:` so the scheduler
-    can bring that stage's modules onto the device first (a no-op when nothing is bound).
-    An engine sets `stages` and `capabilities` when it loads (attributes, or properties of its own).
+    Engine code wraps each stage's work in `with self.use(stage_name, lease) as device:` so the
+    runtime can bring that stage's modules onto the device first, and submits heavy work with
+    `self.submit(fn, lease, kind)`; both go through the model's executor (a no-op placement when
+    the model runs outside a runtime). An engine sets `stages` and `capabilities` when it loads
+    (attributes, or properties of its own).
     """
 
-    _gate: Callable[..., contextlib.AbstractContextManager] | None = None
-    _room: Callable[..., contextlib.AbstractContextManager] | None = None
     stages: tuple[Stage, ...]  # the model's stages in the order a request runs through them
     capabilities: Capabilities  # what this model can do (may change, e.g. when a voice is added)
     # Requests the model runs at once: above 1 its sequence stage batches them (runtime.batching)
     # and its stage calls take turns (one `use` block at a time).
     batch_width: int = 1
-    # The model's own executor (`Executor`; a batched LM's is its batch loop): the engine submits its
-    # stage calls there with the request's lease (`executor.call(fn, lease, kind)`), and each
-    # request's `synthesize` runs in the request's own thread, so a request waiting for streamed
-    # text holds no compute turn. None: the runtime runs each step of `synthesize`'s iterator on an
-    # executor of its own, one request at a time.
-    executor: Any = None
+    # The model's one compute thread (`Executor`): every stage call of its requests runs there, and
+    # the runtime's placement of its modules is a property of it (`Executor.placement`). A model
+    # that batches (or runs calls of its own) brings one at load and submits its stage calls
+    # there itself; a model without one is given its scheduler's when a runtime adopts it, and the
+    # runtime then runs each step of its `synthesize` iterator there, one request at a time.
+    executor: Executor | None = None
 
     def voices(self) -> list[Voice]:
         """Preset and cached voices."""
@@ -371,11 +370,13 @@ class Model(abc.ABC):
     def close(self) -> None:
         """Release what the model holds; it is not used afterwards."""
 
-    def bind(self, gate: Callable[..., contextlib.AbstractContextManager] | None,
-             room: Callable[..., contextlib.AbstractContextManager] | None = None) -> None:
-        """Install the scheduler's stage gate and the runtime's call reservations (None: run where the modules are)."""
-        self._gate = gate
-        self._room = room
+    def submit(self, fn: Callable[[], Any], lease: Any = None, kind: str = "call", *, urgent: bool = False) -> Any:
+        """fn() on the model's executor with the request's lease (at once when already there, or with no executor).
+
+        `kind` names the work in the executor's timings; `urgent`: a request's first audio, which a
+        batch loop runs ahead of its other work (`Executor.call`).
+        """
+        return fn() if self.executor is None else self.executor.call(fn, lease, kind, urgent=urgent)
 
     @contextlib.contextmanager
     def room(self, stage: str, lease: Any = None, **sizes: int) -> Iterator[int]:
@@ -389,10 +390,11 @@ class Model(abc.ABC):
         runs in (as `use`).
         """
         working = self.stage(stage).call_working(**sizes)
-        if self._room is None:
+        placement = self._placement()
+        if placement is None:
             yield working
             return
-        with self._room(stage, lease, working, sizes):
+        with placement.reserve(stage, lease, working, sizes):
             yield working
 
     @contextlib.contextmanager
@@ -400,24 +402,20 @@ class Model(abc.ABC):
         """Run the block with `stage`'s modules placed as planned; yields the device they are on.
 
         `lease` (a `runtime.lease.Lease`): the request the call is for; its cancel or deadline
-        raises RequestCancelled here, before the stage runs. Without one, the gate checks the
-        lease of the executor call the block runs in, if any.
+        raises RequestCancelled here, before the stage runs. Without one, the lease of the
+        executor call the block runs in, if any.
         """
         if lease is not None:
             lease.check(f"before its {stage} stage call")
-        turn = self.turn_lock() if self.batch_width > 1 else contextlib.nullcontext()
-        with turn:
-            if self._gate is None:
-                yield stage_device(self.stage(stage))
-                return
-            with self._gate(stage, lease) as device:
-                yield device
+        placement = self._placement()
+        if placement is None:
+            yield stage_device(self.stage(stage))
+            return
+        with placement.place(stage, lease) as device:
+            yield device
 
-    def turn_lock(self) -> threading.RLock:
-        """The lock a batched model's stage calls (and module moves) take turns on; one per model."""
-        # made on first use: subclasses need not call a base __init__
-        lock = self.__dict__.get("_turn_lock")
-        return lock if lock is not None else self.__dict__.setdefault("_turn_lock", threading.RLock())
+    def _placement(self) -> Any:
+        return self.executor.placement if self.executor is not None else None
 
     def stage(self, name: str) -> Stage:
         """The stage called `name`."""

@@ -7,8 +7,13 @@ than cores slow all of them. A model whose LM batches has its batch loop as its 
 from its scheduler: the same loop at width 1.
 
 A call waits for its outcome bounded by its lease: a cancel or the deadline takes a call not yet
-started out of line; a call already running goes on to its next stage call, where the model's
-stage gate sees the same lease (`running_lease`). A failure of the loop itself goes to every
+started out of line; a call already running goes on to its next stage call, where the placement
+sees the same lease (`running_lease`).
+
+Placement: the runtime that adopts the model sets `placement` once (its `Scheduler`): a stage
+call (`Model.use`) enters `placement.place(stage, lease)`, which brings the stage's modules where
+the plan says, and a call's reservation (`Model.room`) enters `placement.reserve(stage, lease,
+working, sizes)`. Without one, stages run where their modules are and nothing is reserved. A failure of the loop itself goes to every
 waiter and the loop goes on (`failures` counts them). close() answers whatever still waits and
 joins the thread.
 
@@ -61,7 +66,8 @@ class Executor:
         self.failures = 0  # failures of the loop itself so far (each answered to its waiters)
         self._thread: threading.Thread | None = None
         self._calls: collections.deque[Call] = collections.deque()
-        self._running: Call | None = None  # the call on the thread now: its lease is the stage gate's
+        self.placement: Any = None  # the runtime's placement of the model's stages (see above), set once
+        self._running: Call | None = None  # the call on the thread now: its lease is its stage calls'
         self._working = False  # the loop runs a unit of work now (a call, or a batch's step)
         self._seconds: collections.Counter[str] = collections.Counter()  # the loop's time by kind of work
         self._nested = 0.0  # seconds of the current unit of work already counted under a nested kind

@@ -6,8 +6,10 @@ lease it was given (`Model.use(stage, lease)`), or the lease of the executor cal
 
 Executor: all of a model's heavy compute runs on one long-lived thread (`runtime.executor`). A
 model whose LM batches brings its own (its batch loop, `Model.executor`) and submits its stage
-calls itself; for any other model the scheduler makes an Executor and runs each step of the
-engine's chunk iterator there (width 1: one request at a time, so its steps run in order).
+calls itself; any other model is given the scheduler's Executor, and each step of the engine's
+chunk iterator runs there (width 1: one request at a time, so its steps run in order). The
+scheduler is that executor's placement, set once when it is made: the model's stage calls
+(`Model.use`) and call reservations (`Model.room`) come here through it (`place`, `reserve`).
 
 Concurrency: `model.batch_width` requests at a time per model (one, unless its sequence stage
 batches), each held from its first chunk until its iterator finishes or is closed; other
@@ -20,8 +22,8 @@ fits its own peak beside the others' working memory (checking the joiner alone w
 request join beside a large one that then no longer fits).
 
 Placement: the runtime decides a model's target (a plan, or offloaded) under its own lock and
-calls `sync()` outside it; `sync` and a stage call's moves take the model's turn lock (batched
-models) and then this scheduler's move lock, in that order, so whichever thread syncs last
+calls `sync()` outside it; `sync` and a stage call's moves take the scheduler's turn lock (batched
+models) and then its move lock, in that order, so whichever thread syncs last
 leaves the modules where the latest target says.
 """
 
@@ -63,16 +65,19 @@ class Scheduler:
         # budget are then decided under the one lock that also owns pins and pool admission
         self._cond = cond if cond is not None else threading.Condition()  # re-entrant (an RLock) either way
         self._moves = threading.RLock()
+        # a batched model's stage calls (whole `use` blocks) and module moves take turns on it
+        self._turns = threading.RLock()
         self._owners: dict[Lease, tuple[int, int]] = {}  # (peak, reserve) of each holder
         self._threads: dict[Lease, int] = {}  # the thread each holder iterates in (to refuse a self-deadlock)
         self._queue: collections.deque[Lease] = collections.deque()  # waiting requests, first come first
         self._growing: set[Lease] = set()  # holders waiting for room for a stage call (resize)
         self._bounds: dict[Lease, tuple[int, int]] = {}  # (peak at its largest call, reserve) of each holder
-        self._bound = 0
         own = getattr(model, "executor", None)
         # `executor`: the one the model was loaded on, kept for its requests (unless it brings its own)
         self.executor: Executor = own if own is not None else executor if executor is not None else Executor(name)
-        self._runs_chunks = own is None  # the engine submits its own compute to a batched executor
+        self._runs_chunks = own is None  # else the engine submits its own compute to its executor
+        model.executor = self.executor
+        self.executor.placement = self
 
     @property
     def busy(self) -> bool:
@@ -200,23 +205,22 @@ class Scheduler:
 
     def _turn(self) -> contextlib.AbstractContextManager:
         # a batched model may be running other requests' stage calls: moves wait for their turn
-        return self.model.turn_lock() if self.model.batch_width > 1 else contextlib.nullcontext()
+        return self._turns if self.model.batch_width > 1 else contextlib.nullcontext()
 
     # -- running ----------------------------------------------------------------------------------
     def execute(self, request: SynthesisRequest, lease: Lease) -> Iterator[AudioChunk]:
         """Run the request under the current plan (call inside `hold`); the lease stops it at a stage call."""
-        with self.bound():
-            if not self._runs_chunks:
-                yield from self._synthesize(request, lease)
-                return
-            chunks = self.executor.call(lambda: iter(self._synthesize(request, lease)), lease)
-            try:
-                while (chunk := self.executor.call(lambda: next(chunks, _END), lease)) is not _END:
-                    yield chunk
-            finally:
-                # the engine's cleanup runs where its work ran; a step still running for this
-                # request reaches its next stage call (which sees the lease) before this runs
-                self.run_bounded(chunks.close)
+        if not self._runs_chunks:
+            yield from self._synthesize(request, lease)
+            return
+        chunks = self.executor.call(lambda: iter(self._synthesize(request, lease)), lease)
+        try:
+            while (chunk := self.executor.call(lambda: next(chunks, _END), lease)) is not _END:
+                yield chunk
+        finally:
+            # the engine's cleanup runs where its work ran; a step still running for this
+            # request reaches its next stage call (which sees the lease) before this runs
+            self.run_bounded(chunks.close)
 
     def _synthesize(self, request: SynthesisRequest, lease: Lease) -> Iterator[AudioChunk]:
         if takes_lease(self.model):
@@ -235,42 +239,33 @@ class Scheduler:
         """Stop and join the executor this scheduler made (a model's own one closes with the model)."""
         if self._runs_chunks:
             self.executor.close()
+            self.model.executor = None  # the model, if used on, runs where it is
 
+    # -- the executor's placement (Model.use, Model.room) ----------------------------------------
     @contextlib.contextmanager
-    def bound(self) -> Iterator[None]:
-        """Let the model's `use(stage)` calls go through this scheduler's gate during the block."""
-        with self._cond:
-            if not self._bound:
-                self.model.bind(self._gate, self._reserve if self._room is not None else None)
-            self._bound += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._bound -= 1
-                if not self._bound:
-                    self.model.bind(None)
-
-    @contextlib.contextmanager
-    def _gate(self, stage: str, lease: Lease | None = None) -> Iterator[torch.device]:
+    def place(self, stage: str, lease: Lease | None = None) -> Iterator[torch.device]:
+        """`stage`'s modules where the plan groups them for the block (a batched model's calls take turns)."""
         running = self.executor.running_lease() if lease is None else None  # Model.use checked a given one
         if running is not None:
             running.check(f"before its {stage} stage call")
-        if self.plan is None:
-            raise InvalidRequest("no plan applied to this model")
-        with self._moves:  # a batched model's turn lock is held here (Model.use): moves never overlap compute
-            wanted = self.plan.group_of(stage)
-            for name in self._resident(wanted):
-                self._move(name, False)
-            for name in wanted:
-                if name not in self._on_device:
-                    self._move(name, True)
-        yield self.device
+        with self._turn():  # moves never overlap another request's compute on a batched model
+            if self.plan is None:
+                raise InvalidRequest("no plan applied to this model")
+            with self._moves:
+                wanted = self.plan.group_of(stage)
+                for name in self._resident(wanted):
+                    self._move(name, False)
+                for name in wanted:
+                    if name not in self._on_device:
+                        self._move(name, True)
+            yield self.device
 
-    def _reserve(self, stage: str, lease: Lease | None, working: int, sizes: dict) -> contextlib.AbstractContextManager:
-        # Model.room: the lease given, or the one of the executor call the reservation is made in
+    def reserve(self, stage: str, lease: Lease | None, working: int, sizes: dict) -> contextlib.AbstractContextManager:
+        """The runtime's room for one call (`Model.room`): for the lease given, or the executor call's it is made in."""
         lease = lease if lease is not None else self.executor.running_lease()
-        return self._room(stage, lease, working, sizes) if lease is not None else contextlib.nullcontext()
+        if self._room is None or lease is None:
+            return contextlib.nullcontext()
+        return self._room(stage, lease, working, sizes)
 
     def _resident(self, keep: tuple[str, ...]) -> list[str]:
         """Stages on the device that are not in `keep`, in stage order."""

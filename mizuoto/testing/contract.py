@@ -36,6 +36,7 @@ from mizuoto.runtime.engine import (MODES, AudioChunk, Capabilities, Engine, Ref
                                     Voice, VoicePrompt, check_request)
 from mizuoto.errors import InvalidRequest, MizuotoError
 from mizuoto.runtime.memory import Plan, measure, run_groups
+from mizuoto.runtime.options import parse_options
 from mizuoto.runtime.plugins import default_registry
 from mizuoto.runtime.lease import Lease
 from mizuoto.runtime.scheduler import Scheduler
@@ -229,11 +230,11 @@ def test_synthesize_every_mode(case):
     """Each declared mode gives one final chunk of finite audio at the model's rate, with every stage
     taking turns under the scheduler; across the modes every declared stage is entered through use(),
     and every stage that declares call_memory reserves its calls through Model.room."""
-    rt, name = _loaded(case)
-    model = rt.model(name)
+    # a model of its own: the scheduler made here is its executor's placement
+    model = default_registry().engine_class(case.engine)().load(case.model_dir, parse_options().resolved())
     caps = model.capabilities
     sizes = measure(model.stages, None, "cpu")
-    turns = Plan(name, "cpu", 0, False, sizes, (), run_groups(sizes, False), 0)
+    turns = Plan(case.model_dir.name, "cpu", 0, False, sizes, (), run_groups(sizes, False), 0)
     reserved: list[tuple[str, int, dict]] = []
 
     @contextlib.contextmanager
@@ -250,6 +251,7 @@ def test_synthesize_every_mode(case):
                 _check_chunks(list(sched.execute(request, lease)), caps, stream=False)
     finally:
         sched.close()
+        model.close()
     entered = {stage for stage, where in sched.trace if where == "device"}
     missing = [s.name for s in model.stages if s.name not in entered]
     assert not missing, f"stages {missing} never entered through Model.use() in any mode"

@@ -63,7 +63,7 @@ def test_each_reserved_call_is_recorded_with_its_sizes_plan_and_peak(tmp_path):
     assert (call["seconds"], call["stream"], call["rows"]) == (60, False, 1)
     streamed = run_case(driver, MemoryCase(1, stream=True))
     assert len(streamed) > 1 and {c["sizes"]["notes"] for c in streamed} <= {1, 2, 3, 4}
-    assert driver.model._room is None  # unbound after the case
+    assert driver.model.executor is None  # the case's executor closed, the model as it was
 
 
 def test_a_driver_without_the_memory_api_is_refused(tmp_path):

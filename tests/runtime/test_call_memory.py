@@ -48,12 +48,12 @@ def test_a_request_is_admitted_with_the_least_it_needs_and_its_call_reserves_the
         admitted, during = _figures(rt, name, LONG)
         assert during > admitted == rt._plan_for(rt._get(name), SHORT).peak
         seen = []
-        gate = rt._get(name).scheduler._gate
+        place = rt._get(name).scheduler.place
 
         def watching(stage, lease=None):  # what the pool holds for the model while each call runs
             seen.append((stage, rt._pool("cpu").used()[0]))
-            return gate(stage, lease)
-        rt._get(name).scheduler._gate = watching
+            return place(stage, lease)
+        rt._get(name).scheduler.place = watching
         list(rt.synthesize(name, LONG))
         assert ("render", during) in seen and ("notes", admitted) in seen
         assert rt._pool("cpu").used()[0] == admitted  # given back after the call

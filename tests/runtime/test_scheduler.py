@@ -88,6 +88,27 @@ def test_unbound_model_runs_where_it_is(tone_dir):
         model.stage("lm")
 
 
+def test_the_scheduler_is_the_placement_of_the_executor_it_gives_the_model(tone_dir):
+    """Adopted by a scheduler, a model submits to the scheduler's executor, and its stage calls are placed
+    by the plan there; once the scheduler closes, the model runs where its modules are again."""
+    import threading
+
+    model, sched, plan = _setup(tone_dir, stream=False, pinned=())
+    assert model.executor is sched.executor and sched.executor.placement is sched
+    with pytest.raises(InvalidRequest, match="no plan"):
+        with model.use("notes"):
+            pass
+    sched.apply(plan)
+    assert model.submit(lambda: threading.current_thread().name, Lease(), "probe") == "mizuoto-model-compute"
+    with model.use("render") as device:
+        assert device == torch.device("cpu") and sched.trace[-1] == ("render", "device")
+    sched.close()
+    assert model.executor is None and model.submit(lambda: 7) == 7
+    moves = len(sched.trace)
+    with model.use("notes") as device:
+        assert device == torch.device("cpu") and len(sched.trace) == moves
+
+
 def test_a_batched_model_holds_up_to_its_width_and_a_budget_gates_joining(tone_dir):
     """batch_width 2: two requests hold the model at once, a third waits; a budget can hold a joiner back."""
     import threading
@@ -201,14 +222,12 @@ def test_each_stage_call_sees_its_own_requests_lease(tone_dir):
         except RequestCancelled as e:
             seen.append(str(e))
 
-    with sched.bound():
-        t = threading.Thread(target=other)
-        t.start()
-        t.join(10)
-        with model.use("notes", mine):  # this request is not cancelled
-            seen.append("ran")
+    t = threading.Thread(target=other)
+    t.start()
+    t.join(10)
+    with model.use("notes", mine):  # this request is not cancelled
+        seen.append("ran")
     assert seen == ["the request was cancelled by the test before its notes stage call", "ran"]
-    assert model._gate is None  # unbound once the last request left
 
 
 def test_a_request_runs_on_the_models_executor_and_its_lease_stops_it(tone_dir):

@@ -296,7 +296,7 @@ class CosyVoiceModel(Model):
         return Synthesizer(self.schedule, lm=self.llm if with_lm else None, flow=self.flow, hift=self.hift,
                            use=self.use, room=self.room, precision=self.options.precision, lm_options=options,
                            token_filter=drop_silent_runs if self.variant.version == 3 else None,
-                           batcher=self.batcher if batched else None, lease=lease)
+                           batcher=self.batcher if batched else None, lease=lease, submit=self.submit)
 
     def _chunks(self, synth: Synthesizer, inputs: list[dict], request: SynthesisRequest,
                 lm_gen: torch.Generator, voc_gen: torch.Generator) -> Iterator[AudioChunk]:
@@ -321,11 +321,11 @@ class CosyVoiceModel(Model):
             index += 1
 
     def _frontend(self, fn: Any, lease: Any = None) -> Any:
-        """fn() inside `use("frontend")`; submitted to the batch loop when the LM batches (one compute thread)."""
+        """fn() inside `use("frontend")`, submitted to the model's compute thread."""
         def run() -> Any:
             with self.use("frontend", lease):
                 return fn()
-        return run() if self.batcher is None else self.batcher.call(run, lease, "frontend")
+        return self.submit(run, lease, "frontend")
 
     def _voice(self, request: SynthesisRequest, need_text: bool, aligned: bool = True,
                lease: Any = None) -> dict[str, torch.Tensor]:

@@ -83,6 +83,10 @@ def schedule_for(version: int, flow: FlowStage, sample_rate: int) -> StreamSched
     return StreamSchedule(version, 25, 100, 2, 0, 0, 8, 8 * hop_len, flow.token_mel_ratio, flow.pre_lookahead_len)
 
 
+def _here(fn: Callable[[], Any], *args: Any, **kwargs: Any) -> Any:
+    return fn()
+
+
 class Synthesizer:
     """Runs upstream's token2wav schedule for one generation over the model's LM, flow and vocoder."""
 
@@ -90,7 +94,8 @@ class Synthesizer:
                  use: StageGate, precision: str = "fp32", lm_options: dict[str, Any] | None = None,
                  token_filter: Callable[[Iterable[int]], Iterator[int]] | None = None,
                  on_tokens: Callable[[list[int]], None] | None = None, batcher: Any | None = None,
-                 lease: Any | None = None, room: Callable[..., contextlib.AbstractContextManager] | None = None):
+                 lease: Any | None = None, room: Callable[..., contextlib.AbstractContextManager] | None = None,
+                 submit: Callable[..., Any] | None = None):
         self.schedule = schedule
         self.lm, self.flow, self.hift = lm, flow, hift
         self.use = use  # the model's stage gate: `with use("flow") as device:`
@@ -102,6 +107,9 @@ class Synthesizer:
         self.token_filter = token_filter  # v3 drops long silence runs before the flow
         self.on_tokens = on_tokens  # observer for tests and benchmarks: the final token list
         self.batcher = batcher  # a runtime.batching.DecodeBatcher: the LM runs in a row of its batch
+        # the model's submit (`Model.submit(fn, lease, kind, urgent=...)`): with a batcher, its flow and
+        # vocoder calls go to the batch loop too (the model's one compute thread)
+        self.submit = submit if submit is not None and batcher is not None else _here
         self.lease = lease  # the request's runtime.lease.Lease: every stage call and wait checks it
         s = schedule
         self.speech_window = np.hamming(2 * s.source_cache_len) if s.source_cache_len else None
@@ -169,12 +177,6 @@ class Synthesizer:
         raw = self.lm_tokens(inputs, generator)
         yield from self.token_filter(raw) if self.token_filter else raw
 
-    def _on_compute_thread(self, fn: Callable[[], Any], kind: str, urgent: bool = False) -> Any:
-        """fn() here, or submitted with the request's lease to the batch loop when the LM batches (the
-        model's one compute thread; a call made on that thread runs at once, its time counted under
-        `kind`); `urgent`: the request's first audio, which the loop runs ahead of its other work."""
-        return fn() if self.batcher is None else self.batcher.call(fn, self.lease, kind, urgent=urgent)
-
     def mel(self, token: torch.Tensor, inputs: dict[str, Any], *, streaming: bool, finalize: bool, cache: Any,
             generator: torch.Generator | None) -> tuple[torch.Tensor, Any]:
         """The flow on `token` (1, N) with the input's voice prompt; the mel stays on the flow's device.
@@ -182,8 +184,8 @@ class Synthesizer:
         Its working memory is reserved first, in this thread, for the call's sizes (flow_call_sizes).
         """
         with self.room("flow", self.lease, **self.flow_call_sizes(token.shape[1], inputs)):
-            return self._on_compute_thread(lambda: self._mel(token, inputs, streaming, finalize, cache, generator),
-                                           "flow")
+            return self.submit(lambda: self._mel(token, inputs, streaming, finalize, cache, generator), self.lease,
+                               "flow")
 
     def flow_call_sizes(self, tokens: int, inputs: dict[str, Any]) -> dict[str, int]:
         """The flow call's sizes: tokens into its encoder (prompt and speech) and mel frames its decoder runs on."""
@@ -207,7 +209,7 @@ class Synthesizer:
                generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
         """The vocoder on `mel`; speech and source stay on the vocoder's device (its room reserved first)."""
         with self.room("hift", self.lease, frames=mel.shape[2]):
-            return self._on_compute_thread(lambda: self._speech(mel, cache_source, finalize, generator), "vocoder")
+            return self.submit(lambda: self._speech(mel, cache_source, finalize, generator), self.lease, "vocoder")
 
     def _speech(self, mel: torch.Tensor, cache_source: torch.Tensor | None, finalize: bool,
                 generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -291,7 +293,7 @@ class Synthesizer:
         sizes = self.flow_call_sizes(len(tokens), inputs)
         vocoded = int((sizes["frames"] + self.schedule.mel_cache_len) / min(speed, 1.0)) + 1
         with self.room("flow", self.lease, **sizes), self.room("hift", self.lease, frames=vocoded):
-            audio = self._on_compute_thread(here, "chunk", urgent=not state.chunks)
+            audio = self.submit(here, self.lease, "chunk", urgent=not state.chunks)
         state.chunks += 1
         return audio
 

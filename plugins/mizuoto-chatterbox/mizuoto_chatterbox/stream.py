@@ -89,7 +89,7 @@ def stream_audio(model: Any, request: SynthesisRequest, voice: Any, generator: t
                 sent_frames += out.shape[2]
                 return vocoder(out, final)
         with model.room("s3gen", lease, tokens=frames // 2, frames=frames, vocoded=vocoded):  # in the request's thread
-            return model.compute(run, lease, "chunk", urgent=index == 0)
+            return model.submit(run, lease, "chunk", urgent=index == 0)
 
     def emit(audio: torch.Tensor, final: bool) -> AudioChunk:
         nonlocal index

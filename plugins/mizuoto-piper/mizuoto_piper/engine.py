@@ -132,7 +132,7 @@ class PiperModel(Model):
 
     def _run(self, ids: list[int], speaker: int | None, speed: float, seed: int, part: int, lease: Any) -> torch.Tensor:
         """One VITS run, on the voice's compute thread in its turn."""
-        return self.executor.call(lambda: self._vits(ids, speaker, speed, seed, part, lease), lease, "vits")
+        return self.submit(lambda: self._vits(ids, speaker, speed, seed, part, lease), lease, "vits")
 
     def _vits(self, ids: list[int], speaker: int | None, speed: float, seed: int, part: int, lease: Any) -> torch.Tensor:
         c = self.config
