@@ -236,10 +236,12 @@ class Scheduler:
             log.warning("%s: closing a request on its executor: %s", self.executor.name, e)
 
     def close(self) -> None:
-        """Stop and join the executor this scheduler made (a model's own one closes with the model)."""
+        """Stop and join the executor this scheduler made (a model's own one closes with the model); the model,
+        if used on, runs where its modules are."""
+        self.executor.placement = None
         if self._runs_chunks:
             self.executor.close()
-            self.model.executor = None  # the model, if used on, runs where it is
+            self.model.executor = None
 
     # -- the executor's placement (Model.use, Model.room) ----------------------------------------
     @contextlib.contextmanager
