@@ -90,8 +90,9 @@ class CallRecorder:
 def run_case(driver: Any, case: MemoryCase) -> list[dict[str, Any]]:
     """Run `case` through the driver in this process; the measured calls (after a warm-up request).
 
-    The model runs on an executor as under a runtime (its own, or one made for the case), whose
-    placement is the recorder.
+    The model runs as under a runtime: its stage calls go through its executor, whose placement is
+    the recorder; a model without one of its own runs the whole case on one made for it (as the
+    runtime runs such a model's requests), one that brings one (a batch loop) from this thread.
     """
     for need in ("model", "tokens_per_second", "memory_case"):
         if not hasattr(driver, need):
@@ -101,10 +102,15 @@ def run_case(driver: Any, case: MemoryCase) -> list[dict[str, Any]]:
     executor = own if own is not None else Executor(f"bench-{driver.name}")
     recorder = CallRecorder(model, driver.device)
     model.executor, executor.placement = executor, recorder
+
+    def run(seconds: float) -> None:
+        tokens = max(1, round(seconds * driver.tokens_per_second))
+        work = lambda: driver.memory_case(tokens, case.stream, case.rows)  # noqa: E731
+        executor.call(work, kind="case") if own is None else work()
     try:
-        driver.memory_case(max(1, round(WARMUP_SECONDS * driver.tokens_per_second)), case.stream, case.rows)
+        run(WARMUP_SECONDS)
         recorder.calls.clear()
-        driver.memory_case(max(1, round(case.seconds * driver.tokens_per_second)), case.stream, case.rows)
+        run(case.seconds)
     finally:
         executor.placement = None
         if own is None:
