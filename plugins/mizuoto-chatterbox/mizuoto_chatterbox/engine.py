@@ -27,7 +27,8 @@ from mizuoto_chatterbox import memory
 from mizuoto_chatterbox.clip import TURBO_MIN_SECONDS
 from mizuoto_chatterbox.gen_ref import load_xvector
 from mizuoto_chatterbox.s3gen import SAMPLE_RATE, S3Gen, load_s3gen
-from mizuoto_chatterbox.t3 import START_SPEECH, STOP_SPEECH, TURBO_MAX_NEW_TOKENS, T3, T3Options, load_t3
+from mizuoto_chatterbox.t3 import (MAX_NEW_TOKENS, START_SPEECH, STOP_SPEECH, TURBO_MAX_NEW_TOKENS, T3, T3Options,
+                                   load_t3)
 from mizuoto_chatterbox.text import TextFront
 from mizuoto_chatterbox.voice import Voice as Conditioning
 from mizuoto_chatterbox.voice import load_preset, load_s3_tokenizer, load_voice_encoder
@@ -100,7 +101,7 @@ class ChatterboxModel(Model):
             # CAM++ stays on the CPU (fixed), as upstream's reference analysis is checked there
             Stage("voice", "frontend", {"ve": ve, "tokenizer": tokenizer, "xvector": xvector}, fixed={"xvector"},
                   memory=self._voice_memory),
-            Stage("t3", "sequence", {"t3": t3}, memory=self._t3_memory),
+            Stage("t3", "sequence", {"t3": t3}, memory=self._t3_memory, call_memory=self.figures.t3_call),
             Stage("s3gen", "frames", {"s3gen": s3gen}, memory=lambda request: self.figures.s3gen_least(),
                   call_memory=self.figures.s3gen, bound_memory=lambda request: self.figures.s3gen_most()),
         )
@@ -254,8 +255,18 @@ class ChatterboxModel(Model):
 
     def speech_tokens(self, request: SynthesisRequest, voice: Conditioning, generator: torch.Generator,
                       lease: Any = None) -> list[int]:
-        """The tokens S3Gen speaks for a request (upstream's filtering of T3's draws)."""
-        return _speech_for_s3gen(list(self._draws(request, voice, generator, lease)), self.turbo)
+        """The tokens S3Gen speaks for a request (upstream's filtering of T3's draws), T3's call reserved first."""
+        with self.room("t3", lease, **self._t3_call_sizes(request, voice)):
+            draws = list(self._draws(request, voice, generator, lease))
+        return _speech_for_s3gen(draws, self.turbo)
+
+    def _t3_call_sizes(self, request: SynthesisRequest, voice: Conditioning) -> dict[str, int]:
+        """T3's call sizes: the positions its cache holds (the prompt and the most draws), the prompt's, and
+        whether the cache grows (a batch's rows) or is allocated once (the unbatched path's static cache)."""
+        prefill = self.figures.t3_prefill(self._text_ids(request), voice.prompt_tokens.shape[-1])
+        draws = self.bench_tokens or (TURBO_MAX_NEW_TOKENS + 1 if self.turbo else MAX_NEW_TOKENS)
+        grown = int(self.batcher is not None and not self.unbatched)
+        return {"positions": prefill + draws, "prefill": prefill, "grown": grown}
 
     def _to_audio(self, tokens: list[int], voice: Conditioning, generator: torch.Generator, speed: float,
                   lease: Any) -> torch.Tensor:
@@ -270,7 +281,8 @@ class ChatterboxModel(Model):
                 if speed != 1.0:
                     mel = torch.nn.functional.interpolate(mel, size=max(1, int(mel.shape[2] / speed)), mode="linear")
                 return self.s3gen.wav(mel, generator)[0]
-        with self.room("s3gen", lease, tokens=frames // 2, frames=frames):  # reserved in the request's thread
+        vocoded = int(2 * len(tokens) / speed) + 1  # HiFT speaks the new mel only (the prompt's is cut), resized
+        with self.room("s3gen", lease, tokens=frames // 2, frames=frames, vocoded=vocoded):  # in the request's thread
             return self.submit(run, lease, "flow", urgent=True)
 
     def mark(self, audio: torch.Tensor) -> torch.Tensor:

@@ -2,9 +2,10 @@
 
 - **T3**: the KV cache of every layer for each row (two with classifier-free guidance, one for
   Turbo) over its positions (conditioning, text, start, up to upstream's 1000 speech tokens):
-  allocated once at that cap on the unbatched path, grown by concatenation in a batch's rows, so
-  counted LM_CACHE_COPIES times, plus the prompt's activations (LM_PREFILL_WIDTHS of its widest
-  layer per position) and the logits.
+  allocated once at that cap on the unbatched path, grown by concatenation in a batch's rows (then
+  counted LM_CACHE_COPIES times), plus the prompt's activations (LM_PREFILL_WIDTHS of its widest
+  layer per position) and the logits. A request is admitted with the grown figure at the cap; a
+  whole request's T3 call reserves its own (`t3_call`), which `bench --memory` measures.
 - **S3Gen**: CosyVoice 2's flow and HiFT, measured by the blocks' own figures
   (`mizuoto.nn.flow.memory`, `mizuoto.nn.vocoders.memory`); they run one after the other, so a
   call needs the larger. A request is admitted with what any call needs (the voice prompt's
@@ -21,7 +22,7 @@ from mizuoto.nn.flow.memory import FIXED_BYTES, FLOAT, FlowMemory
 from mizuoto.nn.vocoders.memory import HiftMemory
 
 LM_CACHE_COPIES = 1.5
-LM_PREFILL_WIDTHS = 6
+LM_PREFILL_WIDTHS = 7  # at full size the unbatched call measured its figure at 6 (+0.1 MiB): 7 bounds it
 MAX_SPEECH_TOKENS = 1000  # upstream's cap of T3's draws (English and Turbo)
 TEXT_IDS_BOUND = 300  # text ids of a request whose text is not known yet (the planning figure)
 PROMPT_TOKENS_BOUND = {False: 150, True: 375}  # T3's speech prompt at most (English, Turbo)
@@ -45,10 +46,19 @@ class Figures:
         self.hift = HiftMemory(s3gen.mel2wav)
 
     def t3(self, text_ids: int, prompt_tokens: int) -> int:
-        """Bytes T3 needs for a request of `text_ids` text ids with a speech prompt of `prompt_tokens`."""
+        """Bytes T3 needs for a request of `text_ids` text ids with a speech prompt of `prompt_tokens` (its bound)."""
+        prefill = self.t3_prefill(text_ids, prompt_tokens)
+        return self.t3_call(prefill + MAX_SPEECH_TOKENS, prefill, grown=1)
+
+    def t3_prefill(self, text_ids: int, prompt_tokens: int) -> int:
+        """Positions of T3's prompt: conditioning, text (with its start and stop) and the speech start."""
         cond = self.cond if self.cond is not None else 1 + prompt_tokens
-        prefill = cond + text_ids + 2
-        cache = LM_CACHE_COPIES * self.per_position * (prefill + MAX_SPEECH_TOKENS)
+        return cond + text_ids + 2
+
+    def t3_call(self, positions: int, prefill: int, grown: int = 0) -> int:
+        """Bytes one T3 call needs: each row's cache over `positions`, allocated once (`grown` 0) or grown by
+        concatenation (1), the prompt's activations over `prefill` positions and the logits."""
+        cache = (LM_CACHE_COPIES if grown else 1) * self.per_position * positions
         activations = (prefill * LM_PREFILL_WIDTHS * self.width + self.vocab) * FLOAT
         return int(self.rows * (cache + activations) + FIXED_BYTES)
 
