@@ -16,7 +16,7 @@ import torch
 
 from mizuoto.runtime.engine import (AudioChunk, Capabilities, Model, SynthesisRequest, Voice, check_request)
 from mizuoto.runtime.hub import is_repo_id, resolve_model
-from mizuoto.runtime.voicestore import ModelIdentity, SavedVoice, VoiceStore, fingerprint
+from mizuoto.runtime.voicestore import ModelIdentity, VoiceStore
 from mizuoto.errors import (InvalidRequest, MemoryBudgetError, MizuotoError, ModelLoadError, ModelUnloaded,
                              RequestTooLarge)
 from mizuoto.runtime.executor import Executor
@@ -24,6 +24,7 @@ from mizuoto.runtime.lease import Lease
 from mizuoto.runtime.memory import Eviction, Plan, Pool, detect_budget, measure, parse_bytes, peak_of, plan_model
 from mizuoto.runtime.options import LoadOptions, parse_options
 from mizuoto.runtime.plugins import Registry, describe_error
+from mizuoto.runtime.runtime_voices import VoiceMethods
 from mizuoto.runtime.scheduler import Scheduler
 
 log = logging.getLogger("mizuoto.runtime")
@@ -94,7 +95,7 @@ def _device_key(device: str) -> str:
     return str(d)
 
 
-class Runtime:
+class Runtime(VoiceMethods):
     """Hosts models of any registered engine within device (`vram`) and host (`ram`) budgets.
 
     Budgets are sizes like "6GiB" or byte counts; None means what is free when a device is first used.
@@ -216,20 +217,6 @@ class Runtime:
             raise
         self._restore_voices(loaded)
         return name
-
-    def _restore_voices(self, loaded: _Loaded) -> None:
-        """Import the stored voices made for this model (no front end runs); an unreadable one is skipped."""
-        if self.voice_store is None or type(loaded.model).import_voice is Model.import_voice:
-            return
-        loaded.identity = ModelIdentity(loaded.engine, loaded.variant, loaded.name, str(loaded.path.resolve()),
-                                        fingerprint(loaded.path))
-        for saved in self.voice_store.voices(loaded.identity):
-            if saved.model.engine != loaded.engine or saved.model.fingerprint != loaded.identity.fingerprint:
-                continue
-            try:
-                loaded.model.import_voice(saved.id, self.voice_store.load(saved))
-            except MizuotoError as e:
-                log.warning("stored voice %r not restored into %s: %s", saved.id, loaded.name, e)
 
     def _unique(self, base: str) -> str:
         name, i = base, 2
@@ -481,80 +468,6 @@ class Runtime:
                 yield from loaded.scheduler.execute(request, lease)
         finally:
             lease.release()
-
-    def add_voice(self, model: str, voice_id: str, ref_audio: Any, ref_text: str | None = None,
-                  persist: bool = True) -> Voice:
-        """Cache a voice prompt on the model, to be used later by id; stored for later runs unless `persist` is False.
-
-        A voice of the same id on the same model is replaced. The stored voice holds the engine's
-        prompt (tensors), the transcript and the model's identity, and is restored when the same
-        model is loaded again, without running the front end.
-        """
-        loaded = self._get(model)
-        if not loaded.model.capabilities.voice_cache:
-            raise InvalidRequest(f"model {model} cannot cache voices")
-        if not isinstance(voice_id, str) or not voice_id:
-            raise InvalidRequest("voice id must be a non-empty string")
-        lease = Lease()
-        try:
-            with self._turn(loaded, loaded.plan, None, lease):
-                voice = loaded.scheduler.executor.call(lambda: loaded.model.add_voice(voice_id, ref_audio, ref_text),
-                                                       lease)
-        finally:
-            lease.release()
-        if persist and loaded.identity is not None:
-            try:
-                self.voice_store.save(voice_id, loaded.identity, loaded.model.export_voice(voice_id), ref_text)
-            except MizuotoError:
-                loaded.model.remove_voice(voice_id)
-                raise
-        return voice
-
-    def remove_voice(self, voice_id: str, model: str | None = None) -> int:
-        """Forget a cached voice: on `model` (and its stored copy), or on every loaded model and in the store.
-
-        Returns how many copies went (loaded and stored); none is an InvalidRequest.
-        """
-        targets = [self._get(model)] if model is not None else list(self._models.values())
-        removed = 0
-        for loaded in targets:
-            if any(v.id == voice_id and v.kind == "cached" for v in loaded.model.voices()):
-                loaded.model.remove_voice(voice_id)
-                removed += 1
-        if self.voice_store is not None:
-            for saved in self.voice_store.find(voice_id):
-                if model is None or (targets[0].identity is not None
-                                     and saved.model.fingerprint == targets[0].identity.fingerprint):
-                    self.voice_store.delete(saved)
-                    removed += 1
-        if not removed:
-            where = f"model {model}" if model is not None else "any loaded model or the voice store"
-            raise InvalidRequest(f"no cached voice {voice_id!r} on {where}")
-        return removed
-
-    def identity(self, model: str) -> ModelIdentity | None:
-        """What a loaded model's stored voices are keyed by (None when its voices are not stored)."""
-        return self._get(model).identity
-
-    def stored_voices(self) -> list[SavedVoice]:
-        """Every voice in the store, for any model (loaded or not), oldest first."""
-        return self.voice_store.voices() if self.voice_store is not None else []
-
-    def foreign_voice(self, model: str, voice_id: str) -> str | None:
-        """Why `model` cannot use `voice_id` when that id is stored for another model only; else None."""
-        loaded = self._get(model)
-        if self.voice_store is None or any(v.id == voice_id for v in loaded.model.voices()):
-            return None
-        owners = self.voice_store.find(voice_id)
-        if not owners:
-            return None
-        return (f"voice {voice_id!r} was made for {owners[0].model.describe()}; model {loaded.name} cannot use it"
-                " (add it to this model from its reference audio)")
-
-    def _check_voice_owner(self, loaded: _Loaded, voice_id: str) -> None:
-        why = self.foreign_voice(loaded.name, voice_id)
-        if why is not None:
-            raise InvalidRequest(why)
 
     @contextlib.contextmanager
     def _turn(self, loaded: _Loaded, plan: Plan, request: SynthesisRequest | None, lease: Lease) -> Iterator[None]:

@@ -90,9 +90,8 @@ class CallRecorder:
 def run_case(driver: Any, case: MemoryCase) -> list[dict[str, Any]]:
     """Run `case` through the driver in this process; the measured calls (after a warm-up request).
 
-    The model runs as under a runtime: its stage calls go through its executor, whose placement is
-    the recorder; a model without one of its own runs the whole case on one made for it (as the
-    runtime runs such a model's requests), one that brings one (a batch loop) from this thread.
+    The model's stage calls go through its executor (its own, or one made for the case), whose
+    placement is the recorder; the case itself runs in this thread.
     """
     for need in ("model", "tokens_per_second", "memory_case"):
         if not hasattr(driver, need):
@@ -103,14 +102,10 @@ def run_case(driver: Any, case: MemoryCase) -> list[dict[str, Any]]:
     recorder = CallRecorder(model, driver.device)
     model.executor, executor.placement = executor, recorder
 
-    def run(seconds: float) -> None:
-        tokens = max(1, round(seconds * driver.tokens_per_second))
-        work = lambda: driver.memory_case(tokens, case.stream, case.rows)  # noqa: E731
-        executor.call(work, kind="case") if own is None else work()
     try:
-        run(WARMUP_SECONDS)
+        driver.memory_case(max(1, round(WARMUP_SECONDS * driver.tokens_per_second)), case.stream, case.rows)
         recorder.calls.clear()
-        run(case.seconds)
+        driver.memory_case(max(1, round(case.seconds * driver.tokens_per_second)), case.stream, case.rows)
     finally:
         executor.placement = None
         if own is None:
