@@ -12,13 +12,15 @@ from typing import Any
 from mizuoto.errors import InvalidRequest, MizuotoError
 from mizuoto.runtime.engine import Model, Voice
 from mizuoto.runtime.lease import Lease
-from mizuoto.runtime.voicestore import ModelIdentity, SavedVoice, fingerprint
+from mizuoto.runtime.voicestore import ModelIdentity, SavedVoice, VoiceStore, fingerprint
 
 log = logging.getLogger("mizuoto.runtime")
 
 
 class VoiceMethods:
     """Cached voices of the loaded models and the voice store (`Runtime` inherits them)."""
+
+    voice_store: VoiceStore | None  # set by Runtime.__init__, as are the `_models`, `_get` and `_turn` used here
 
     def _restore_voices(self, loaded: Any) -> None:
         """Import the stored voices made for this model (no front end runs); an unreadable one is skipped."""
