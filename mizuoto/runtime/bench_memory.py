@@ -101,7 +101,6 @@ def run_case(driver: Any, case: MemoryCase) -> list[dict[str, Any]]:
     executor = own if own is not None else Executor(f"bench-{driver.name}")
     recorder = CallRecorder(model, driver.device)
     model.executor, executor.placement = executor, recorder
-
     try:
         driver.memory_case(max(1, round(WARMUP_SECONDS * driver.tokens_per_second)), case.stream, case.rows)
         recorder.calls.clear()

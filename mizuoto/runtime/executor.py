@@ -8,14 +8,13 @@ from its scheduler: the same loop at width 1.
 
 A call waits for its outcome bounded by its lease: a cancel or the deadline takes a call not yet
 started out of line; a call already running goes on to its next stage call, where the placement
-sees the same lease (`running_lease`).
+sees the same lease (`running_lease`). A failure of the loop itself goes to every waiter and the
+loop goes on (`failures` counts them). close() answers whatever still waits and joins the thread.
 
 Placement: the runtime that adopts the model sets `placement` once (its `Scheduler`): a stage
 call (`Model.use`) enters `placement.place(stage, lease)`, which brings the stage's modules where
 the plan says, and a call's reservation (`Model.room`) enters `placement.reserve(stage, lease,
-working, sizes)`. Without one, stages run where their modules are and nothing is reserved. A failure of the loop itself goes to every
-waiter and the loop goes on (`failures` counts them). close() answers whatever still waits and
-joins the thread.
+working, sizes)`. Without one, stages run where their modules are and nothing is reserved.
 
 The loop keeps where its time went (`timings()`: by kind of work, and "idle"); a call names its
 kind when submitted, and work nested in a call (`timing`) is counted under its own kind only.

@@ -22,7 +22,7 @@ from mizuoto.nn.flow.memory import FIXED_BYTES, FLOAT, FlowMemory
 from mizuoto.nn.vocoders.memory import HiftMemory
 
 LM_CACHE_COPIES = 1.5
-LM_PREFILL_WIDTHS = 7  # at full size the unbatched call measured its figure at 6 (+0.1 MiB): 7 bounds it
+LM_PREFILL_WIDTHS = 7  # at 6 the full-size unbatched call measured 0.1 MiB over its figure (AMD, 2026-12-04)
 MAX_SPEECH_TOKENS = 1000  # upstream's cap of T3's draws (English and Turbo)
 TEXT_IDS_BOUND = 300  # text ids of a request whose text is not known yet (the planning figure)
 PROMPT_TOKENS_BOUND = {False: 150, True: 375}  # T3's speech prompt at most (English, Turbo)
