@@ -9,7 +9,7 @@ on the fixture models and full-size random models (docs/memory.md, "Calibration"
 - **LM** (`positions`, `rows`, `prefill`): per row, the KV cache of every layer at `positions`,
   held LM_CACHE_COPIES times while it grows (Qwen2's cache is grown by concatenation, and its
   growing buffers fragment glibc's arenas; v1's wenet cache is rebuilt per block each step and
-  stacked: three copies), the prefill's activations (LM_PREFILL_WIDTHS of its widest layer per
+  stacked: three copies, WENET_CACHE_COPIES with the arenas' share), the prefill's activations (LM_PREFILL_WIDTHS of its widest layer per
   prompt position) and each row's logits.
 - **Flow** and **vocoder**: `mizuoto.nn.flow.memory.FlowMemory` and `mizuoto.nn.vocoders.memory.HiftMemory`
   (the blocks' own figures, shared with other engines built from them).
@@ -37,6 +37,9 @@ from mizuoto.runtime.engine import SynthesisRequest
 # glibc's arenas); a prefill's activations per position, in widths of its widest layer
 LM_CACHE_COPIES = 1.5
 LM_PREFILL_WIDTHS = 6
+# CosyVoice 1's wenet cache: rebuilt per block each step and stacked (three copies), and the arenas' share
+# of those step-sized buffers: 3.1-3.3 copies measured at full size (146-1596 positions, AMD EPYC, 2026-12-04)
+WENET_CACHE_COPIES = 3.3
 
 
 def _widest(module: nn.Module) -> int:
@@ -57,7 +60,7 @@ class LmMemory:
             self.width, self.copies = max(cfg.intermediate_size, cfg.hidden_size), LM_CACHE_COPIES
         elif isinstance(lm, TransformerSpeechLM):  # wenet's forward_chunk rebuilds every block's cache and stacks them
             self.per_position = len(lm.llm.encoders) * 2 * lm.llm.output_size() * FLOAT
-            self.width, self.copies = _widest(lm.llm), 3
+            self.width, self.copies = _widest(lm.llm), WENET_CACHE_COPIES
         else:
             raise TypeError(f"not a CosyVoice LM: {type(lm).__name__}")
         self.vocab = _widest(lm.llm_decoder) if hasattr(lm, "llm_decoder") else self.width

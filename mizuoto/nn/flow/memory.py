@@ -30,9 +30,11 @@ UNET_ROW_COPIES = 1.2  # U-Net attention per CFG row: the mask repeated per head
 DIT_COPIES = 1.3  # DiT attention per CFG row: its boolean mask broadcast over heads, and its float form
 # the estimator's activations per frame and CFG row, in copies of its stacked input (320 channels
 # in every released and fixture model) and of its width: the U-Net's widest convolution (80 and 256
-# channels), the DiT's model width (32 and 1024); fitted on the fixture and the full-size models
-UNET_INPUT_COPIES, UNET_CHANNEL_COPIES = 1.9, 11.7
-UNET_FIXED_BYTES = 3 << 20  # its timestep embedding and per-block buffers, whatever the frames
+# channels), the DiT's model width (32 and 1024); fitted on the fixture and the full-size models (the U-Net's
+# width term and its fixed part on CosyVoice 1's full-size estimator, measured alone: 18, 53 and 200 MiB at
+# 215, 559 and 1421 frames, AMD EPYC 2026-12-05; a fixed 3 MiB and 11.7 copies left it 6-16 MiB short there)
+UNET_INPUT_COPIES, UNET_CHANNEL_COPIES = 1.9, 18.5
+UNET_FIXED_PER_WIDTH = 36 << 10  # its timestep embedding, per-block buffers and kernel workspaces: 9 MiB at width 256
 DIT_INPUT_COPIES, DIT_WIDTH_COPIES = 4.1, 7.6
 DIT_FIXED_PER_WIDTH = 12 << 10  # whatever the frames: 12 MiB at the released width (its weights' kernel workspaces)
 FIXED_BYTES = 1 << 20  # what any call allocates whatever its size (kernel workspaces, small buffers)
@@ -57,7 +59,7 @@ class FlowMemory:
             convs = max(m.out_channels for m in estimator.modules() if isinstance(m, nn.Conv1d))
             self.copies, self.kind = max(unet) + UNET_ROW_COPIES, "unet"
             self.per_frame = UNET_INPUT_COPIES * estimator.in_channels + UNET_CHANNEL_COPIES * convs
-            self.fixed = UNET_FIXED_BYTES
+            self.fixed = UNET_FIXED_PER_WIDTH * convs
         elif dit:
             proj = estimator.input_embed.proj
             self.copies, self.kind = DIT_COPIES, "dit"

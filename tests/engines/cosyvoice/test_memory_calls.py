@@ -1,7 +1,8 @@
 """Each stage call's planned working memory against the peak it was measured at, on every fixture model.
 
 Every length of `runtime.bench_memory.SECONDS` whole, and streamed up to STREAMED_UP_TO seconds,
-each case in a fresh process (`mizuoto.cli.memory_case`, the server's allocator settings), two at
+and whole with the LM decoding BATCH_ROWS requests at once where the model's LM batches, each case
+in a fresh process (`mizuoto.cli.memory_case`, the server's allocator settings), two at
 a time with a thread each. Streamed requests stop there for time: CosyVoice 2/3 stream by running
 the flow again over every token so far, so each call of a streamed request is at most the whole
 request's call, which the whole cases measure at every length; the 30 and 60 s streamed cases
@@ -28,24 +29,36 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from mizuoto.engines.cosyvoice.llm import VARIANTS as BATCHED_LMS
+from mizuoto.engines.cosyvoice.variants import find_variant
 from mizuoto.runtime.bench_memory import SECONDS, MemoryCase, run_case_process
+from mizuoto.runtime.hyperyaml import load_hyperyaml
 
 RATIO = {"llm": 1.3, "flow": 1.3, "hift": 1.4}
 GRANULARITY = 24 << 20
 SCATTER = 8 << 20
 STREAMED_UP_TO = 15
 CASES = [MemoryCase(s, stream) for s in SECONDS for stream in (False, True) if not stream or s <= STREAMED_UP_TO]
+BATCH_ROWS = 8
+BATCHED_CASES = [MemoryCase(s, False, BATCH_ROWS) for s in SECONDS]
+
+
+def cases_of(model_dir) -> list[MemoryCase]:
+    """The cases a model runs: the batched ones too where its LM decodes in a batch (CosyVoice 1's does not)."""
+    batches = load_hyperyaml(model_dir / find_variant(model_dir).yaml_name)["llm"].cls in BATCHED_LMS
+    return CASES + (BATCHED_CASES if batches else [])
 
 
 @pytest.fixture(scope="module")
 def measured(assembled, tmp_path_factory):
     """fixture model dir -> every call of every case, measured in fresh processes (two at a time)."""
     workdir = tmp_path_factory.mktemp("memory-cases")
-    jobs = [(d, case) for d in assembled for case in CASES]
+    jobs = [(d, case) for d in assembled for case in cases_of(d)]
 
     def run(job):
         d, case = job
-        spec = {"model_dir": str(assembled[d]), "workdir": str(workdir), "options": {"device": "cpu"},
+        options = {"device": "cpu", **({"compute.batch": case.rows} if case.rows > 1 else {})}
+        spec = {"model_dir": str(assembled[d]), "workdir": str(workdir), "options": options,
                 "threads": 1, "case": {"seconds": case.seconds, "stream": case.stream, "rows": case.rows}}
         return d, run_case_process(spec, timeout=600)
     with ThreadPoolExecutor(2) as pool:
@@ -59,10 +72,11 @@ def measured(assembled, tmp_path_factory):
 def test_every_stage_call_is_planned_within_its_measured_peak(measured, variant_dir):
     calls = measured[variant_dir]
     assert {c["stage"] for c in calls} == {"llm", "flow", "hift"}
-    assert {(c["seconds"], c["stream"]) for c in calls} == {(c.seconds, c.stream) for c in CASES}
+    assert {(c["seconds"], c["stream"], c["rows"]) for c in calls} == {
+        (c.seconds, c.stream, c.rows) for c in cases_of(variant_dir)}
     small, scattered, wrong = [], [], []
     for c in calls:
-        where = f"{c['stage']} {MemoryCase(c['seconds'], c['stream']).label} {c['sizes']}"
+        where = f"{c['stage']} {MemoryCase(c['seconds'], c['stream'], c['rows']).label} {c['sizes']}"
         ratio = c["planned"] / max(c["measured"], 1)
         if c["measured"] < GRANULARITY:
             small.append(f"{where}: {ratio:.2f}")
