@@ -9,8 +9,8 @@ on the fixture models and full-size random models (docs/memory.md, "Calibration"
 - **LM** (`positions`, `rows`, `prefill`): per row, the KV cache of every layer at `positions`,
   held LM_CACHE_COPIES times while it grows (Qwen2's cache is grown by concatenation, and its
   growing buffers fragment glibc's arenas; v1's wenet cache is rebuilt per block each step and
-  stacked: three copies, WENET_CACHE_COPIES with the arenas' share), the prefill's activations (LM_PREFILL_WIDTHS of its widest layer per
-  prompt position) and each row's logits.
+  stacked: three copies, WENET_CACHE_COPIES with the arenas' share), the prefill's activations
+  (LM_PREFILL_WIDTHS of its widest layer per prompt position) and each row's logits.
 - **Flow** and **vocoder**: `mizuoto.nn.flow.memory.FlowMemory` and `mizuoto.nn.vocoders.memory.HiftMemory`
   (the blocks' own figures, shared with other engines built from them).
 
