@@ -21,7 +21,7 @@ import torch
 from mizuoto.errors import InvalidRequest, MizuotoError
 from mizuoto.runtime.bench import (CPU_DEFAULTS, BenchDriver, BenchSettings, benchmark, concurrency_sweep,
                                    format_concurrency, format_table)
-from mizuoto.runtime.bench_memory import SECONDS, MemoryCase, format_memory, run_case_process, summarize
+from mizuoto.runtime.bench_memory import SECONDS, format_memory, memory_cases, run_case_process, summarize
 from mizuoto.runtime.hub import resolve_model
 from mizuoto.runtime.options import LoadOptions, add_load_arguments, options_from_args
 from mizuoto.runtime.threads import in_thread
@@ -105,7 +105,8 @@ def configure(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]
                    " measured peak, for requests of these lengths (default 1,5,15,30,60 s), whole and streamed,"
                    " each in a fresh process")
     p.add_argument("--memory-rows", metavar="N,N,...", type=_counts, default=[1, 8],
-                   help="with --memory: the LM's batch rows of the whole requests (default 1,8)")
+                   help="with --memory: the LM's batch rows of the whole requests (default 1,8; "
+                        "without 1, only the batched ones; streamed requests are one row)")
     p.add_argument("--memory-modes", metavar="MODE,...", type=_modes, default=["whole", "streamed"],
                    help="with --memory: whole, streamed or both (default both)")
     add_load_arguments(p)
@@ -211,9 +212,7 @@ def run_memory(args: argparse.Namespace) -> int:
     rows = sorted(set(args.memory_rows))
     batch = max(rows)
     options = options_from_args(args, {"compute.batch": batch} if batch > 1 else None).resolved()
-    modes = [m == "streamed" for m in args.memory_modes]
-    cases = [MemoryCase(s, stream) for s in args.memory for stream in modes]
-    cases += [MemoryCase(s, False, n) for s in args.memory for n in rows if n > 1 and False in modes]
+    cases = memory_cases(args.memory, [m == "streamed" for m in args.memory_modes], rows)
     with tempfile.TemporaryDirectory(prefix="mizuoto-bench-") as tmp:
         spec = {"model_dir": str(resolve_model(args.model_dir)) if args.model_dir else None, "random": args.random,
                 "workdir": args.workdir or tmp, "assets": getattr(args, "assets", None), "driver": args.driver,

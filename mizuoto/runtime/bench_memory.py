@@ -113,6 +113,12 @@ def run_case(driver: Any, case: MemoryCase) -> list[dict[str, Any]]:
     return [{**call, **asdict(case)} for call in recorder.calls]
 
 
+def memory_cases(seconds: Sequence[float], modes: Sequence[bool], rows: Sequence[int]) -> list[MemoryCase]:
+    """`bench --memory`'s cases: each length in each mode (True: streamed), whole ones at each of `rows` LM rows."""
+    cases = [MemoryCase(s, stream) for s in seconds for stream in modes if stream or 1 in rows]
+    return cases + [MemoryCase(s, False, n) for s in seconds for n in sorted(set(rows)) if n > 1 and False in modes]
+
+
 def run_case_process(spec: dict[str, Any], timeout: float | None = None) -> list[dict[str, Any]]:
     """Run one case in a fresh Python process (`python -m mizuoto.cli.memory_case SPEC`); its calls."""
     proc = subprocess.run([sys.executable, "-m", "mizuoto.cli.memory_case", json.dumps(spec)], capture_output=True,

@@ -14,7 +14,7 @@ import torch
 
 from mizuoto.cli.main import main as cli_main
 from mizuoto.errors import InvalidRequest, MizuotoError
-from mizuoto.runtime.bench_memory import MemoryCase, format_memory, run_case, run_case_process, summarize
+from mizuoto.runtime.bench_memory import MemoryCase, format_memory, memory_cases, run_case, run_case_process, summarize
 from mizuoto.runtime.engine import SynthesisRequest
 from mizuoto.runtime.memprobe import measure_peak
 from mizuoto.testing.toy import NOTE_SECONDS, ToneEngine, write_model
@@ -107,3 +107,11 @@ def test_the_command_prints_the_table_and_json(tmp_path, capsys):
     assert cli_main([*argv, "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert {c["seconds"] for c in result["calls"]} == {1, 2} and result["summary"]
+
+
+def test_the_cases_are_the_lengths_modes_and_rows_asked_for():
+    whole, streamed = False, True
+    assert memory_cases([1, 5], [whole], [8]) == [MemoryCase(1, False, 8), MemoryCase(5, False, 8)]
+    assert memory_cases([1], [whole, streamed], [8, 1, 8]) == [
+        MemoryCase(1, False), MemoryCase(1, True), MemoryCase(1, False, 8)]
+    assert memory_cases([2], [streamed], [8]) == [MemoryCase(2, True)]  # a streamed request is one row
