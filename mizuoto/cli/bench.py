@@ -209,10 +209,9 @@ def run_bench(args: argparse.Namespace) -> int:
 
 def run_memory(args: argparse.Namespace) -> int:
     """`mizuoto bench --memory`: every case in a fresh process; the calibration table (or JSON)."""
-    rows = sorted(set(args.memory_rows))
-    batch = max(rows)
+    batch = max(args.memory_rows)
     options = options_from_args(args, {"compute.batch": batch} if batch > 1 else None).resolved()
-    cases = memory_cases(args.memory, [m == "streamed" for m in args.memory_modes], rows)
+    cases = memory_cases(args.memory, [m == "streamed" for m in args.memory_modes], args.memory_rows)
     with tempfile.TemporaryDirectory(prefix="mizuoto-bench-") as tmp:
         spec = {"model_dir": str(resolve_model(args.model_dir)) if args.model_dir else None, "random": args.random,
                 "workdir": args.workdir or tmp, "assets": getattr(args, "assets", None), "driver": args.driver,

@@ -4,13 +4,14 @@ The figure models what runs on the CPU (resident growth of the process while the
 the runtime's allocator settings: runtime.malloc) and is an upper bound on CUDA, whose fused
 attention kernels hold no more. Constants measured with `mizuoto bench --memory` on CosyVoice's
 fixture and full-size random models (docs/memory.md, "Calibration"; Intel Xeon, 2 threads,
-torch 2.13.0, 2026-12-03). `tokens` go into the encoder, `frames` are what the decoder runs on:
+torch 2.13.0, 2026-12-03; the U-Net's terms refitted on CosyVoice 1's on an AMD EPYC, 2026-12-05). `tokens` go into the encoder, `frames` are what the decoder runs on:
 the encoder and the decoder run one after the other, so the call needs the larger of the two. Each
 holds (T x T) float matrices: the conformer's relative-position attention RELPOS_SQUARE per head,
 and RELPOS_LINEAR floats per position and head (T = tokens before the upsampling, frames after);
 the U-Net's one per CFG row and head (its additive mask repeated per head) and UNET_ROW_COPIES per
 row; the DiT's DIT_COPIES per CFG row (its boolean mask broadcast over heads). The estimator's
-activations linear in the frames: copies of its stacked input and of its width per frame and row.
+activations linear in the frames: copies of its stacked input and of its width per frame and row,
+and a part whatever the frames (per channel of the U-Net's width, per unit of the DiT's).
 """
 
 from __future__ import annotations
