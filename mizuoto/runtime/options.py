@@ -14,7 +14,10 @@ from typing import Any
 from mizuoto.errors import InvalidRequest
 
 PRECISIONS = ("fp32", "fp16")
-KV_CACHES = ("dynamic", "static")
+# "auto": static for a batched model (its rows' caches are allocated once, at the request's bound, which
+# admission reserves anyway, instead of eight caches growing by concatenation in the heap: docs/memory.md),
+# dynamic (upstream's layout) for one request at a time; both give the same tokens
+KV_CACHES = ("auto", "dynamic", "static")
 # How a new reference clip is analysed: in the reference implementation's float order (the same
 # numbers; CosyVoice's CAM++ as onnxruntime computes it, ~1 s a new voice) or with torch's kernels.
 REFERENCE_ORDERS = ("exact", "fast")
@@ -41,7 +44,7 @@ def _choice(key: str, value: Any, choices: tuple[str, ...]) -> str:
 class ComputeOptions:
     """How the heavy parts run: KV cache layout, CUDA graphs, torch.compile, LM batch width, reference analysis."""
 
-    kv_cache: str = "dynamic"
+    kv_cache: str = "auto"  # resolved at construction: "auto" never reaches an engine
     cuda_graphs: bool = False
     compile: bool = False
     batch: int = 1  # requests whose LM steps share one batched step (1: one at a time, upstream's exact path)
@@ -57,6 +60,8 @@ class ComputeOptions:
         if isinstance(self.batch, bool) or batch < 1 or str(batch) != str(self.batch).strip():
             raise InvalidRequest(f"option compute.batch must be a whole number >= 1, got {self.batch!r}")
         object.__setattr__(self, "batch", batch)
+        if self.kv_cache == "auto":
+            object.__setattr__(self, "kv_cache", "static" if batch > 1 else "dynamic")
         object.__setattr__(self, "cuda_graphs", _flag("compute.cuda_graphs", self.cuda_graphs))
         object.__setattr__(self, "compile", _flag("compute.compile", self.compile))
 

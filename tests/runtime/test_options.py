@@ -21,12 +21,24 @@ def test_defaults_and_spellings():
                          device="cpu", precision="fp16") == want
 
 
+def test_the_kv_cache_is_static_for_a_batched_model_unless_named():
+    # auto: a batched model's rows take caches allocated once (their figure holds: docs/memory.md)
+    assert parse_options().compute.kv_cache == "dynamic"
+    assert parse_options({"compute.batch": 8}).compute.kv_cache == "static"
+    assert parse_options({"compute.batch": "2", "compute.kv_cache": "auto"}).compute.kv_cache == "static"
+    assert parse_options({"compute.batch": 8, "compute.kv_cache": "dynamic"}).compute.kv_cache == "dynamic"
+    assert parse_options({"compute.batch": 1, "compute.kv_cache": "static"}).compute.kv_cache == "static"
+    # resolved once: the options round-trip as the engine sees them
+    options = parse_options({"compute.batch": 8})
+    assert parse_options(**options.as_dict()) == options
+
+
 @pytest.mark.parametrize("options,match", [
     ({"colour": "red"}, "unknown option 'colour'"),
     ({"compute.turbo": True}, "unknown option 'compute.turbo'"),
     ({"compute": {"kv": "static"}}, "unknown option 'compute.kv'"),
     ({"precision": "int8"}, "precision must be one of fp32, fp16"),
-    ({"compute.kv_cache": "paged"}, "kv_cache must be one of dynamic, static"),
+    ({"compute.kv_cache": "paged"}, "kv_cache must be one of auto, dynamic, static"),
     ({"compute.cuda_graphs": "maybe"}, "cuda_graphs must be true or false"),
     ({"compute.reference": "approximate"}, "reference must be one of exact, fast"),
     ({"device": "gpu0"}, "not a device name"),

@@ -7,10 +7,11 @@ on the fixture models and full-size random models (docs/memory.md, "Calibration"
 2 threads, torch 2.13.0, 2026-12-03):
 
 - **LM** (`positions`, `rows`, `prefill`): per row, the KV cache of every layer at `positions`,
-  held LM_CACHE_COPIES times while it grows (Qwen2's cache is grown by concatenation, and its
-  growing buffers fragment glibc's arenas; v1's wenet cache is rebuilt per block each step and
-  stacked: three copies, WENET_CACHE_COPIES with the arenas' share), the prefill's activations
-  (LM_PREFILL_WIDTHS of its widest layer per prompt position) and each row's logits.
+  held LM_CACHE_COPIES times while it grows (Qwen2's dynamic cache is grown by concatenation, and
+  its growing buffers fragment glibc's arenas), STATIC_CACHE_COPIES times when it is allocated once
+  (`compute.kv_cache=static`, a batched model's default), WENET_CACHE_COPIES for v1's wenet cache
+  (rebuilt per block each step and stacked: three copies, with the arenas' share); the prefill's
+  activations (LM_PREFILL_WIDTHS of its widest layer per prompt position) and each row's logits.
 - **Flow** and **vocoder**: `mizuoto.nn.flow.memory.FlowMemory` and `mizuoto.nn.vocoders.memory.HiftMemory`
   (the blocks' own figures, shared with other engines built from them).
 
@@ -37,9 +38,15 @@ from mizuoto.runtime.engine import SynthesisRequest
 # glibc's arenas); a prefill's activations per position, in widths of its widest layer
 LM_CACHE_COPIES = 1.5
 LM_PREFILL_WIDTHS = 6
+# a static cache: its one buffer, and what each step's attention copies beside it (the valid part of
+# one layer's K and V made contiguous for SDPA) with the arenas' share of those step-sized copies:
+# 1.03-1.06 copies measured with 8 rows, 0.9-1.14 with one, at 220-845 positions (full-size CosyVoice 2,
+# AMD EPYC, 2026-12-05)
+STATIC_CACHE_COPIES = 1.15
 # CosyVoice 1's wenet cache: rebuilt per block each step and stacked (three copies), and the arenas' share
 # of those step-sized buffers: 3.1-3.3 copies measured at full size (146-1596 positions, AMD EPYC, 2026-12-04)
 WENET_CACHE_COPIES = 3.3
+BOUND_TEXT_TOKENS = 100  # a request of unknown text (streamed, or the planning figure): upstream's segment size
 
 
 def _widest(module: nn.Module) -> int:
@@ -51,34 +58,40 @@ def _widest(module: nn.Module) -> int:
 # ---- the LM ---------------------------------------------------------------------------------------
 
 class LmMemory:
-    """The LM's call figure: `rows` requests of `positions` positions each, their prompts `prefill` positions."""
+    """The LM's call figure: `rows` requests of `positions` positions each, their prompts `prefill` positions.
 
-    def __init__(self, lm: nn.Module):
+    `static`: the model's KV caches are allocated once (its `compute.kv_cache`); text streamed in
+    still grows a dynamic cache (its length is not known in advance), counted with `grown=True`.
+    """
+
+    def __init__(self, lm: nn.Module, static: bool = False):
         if isinstance(lm, QwenSpeechLM):  # its dynamic cache grows one layer at a time (torch.cat)
             cfg = lm.llm.config
             self.per_position = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * FLOAT
-            self.width, self.copies = max(cfg.intermediate_size, cfg.hidden_size), LM_CACHE_COPIES
+            self.width, self.grown_copies = max(cfg.intermediate_size, cfg.hidden_size), LM_CACHE_COPIES
+            self.copies = STATIC_CACHE_COPIES if static else LM_CACHE_COPIES
         elif isinstance(lm, TransformerSpeechLM):  # wenet's forward_chunk rebuilds every block's cache and stacks them
             self.per_position = len(lm.llm.encoders) * 2 * lm.llm.output_size() * FLOAT
             self.width, self.copies = _widest(lm.llm), WENET_CACHE_COPIES
+            self.grown_copies = self.copies
         else:
             raise TypeError(f"not a CosyVoice LM: {type(lm).__name__}")
         self.vocab = _widest(lm.llm_decoder) if hasattr(lm, "llm_decoder") else self.width
 
-    def __call__(self, positions: int, rows: int = 1, prefill: int = 0) -> int:
+    def __call__(self, positions: int, rows: int = 1, prefill: int = 0, grown: bool = False) -> int:
         """Bytes for `rows` requests of `positions` positions each, `prefill` of them fed at once.
 
         A batch runs its prefills one at a time (runtime.batching), so one prefill's activations count.
         """
-        cache = self.copies * self.per_position * positions
+        cache = (self.grown_copies if grown else self.copies) * self.per_position * positions
         # the head scores each row's last position only
         activations = (max(prefill, rows) * LM_PREFILL_WIDTHS * self.width + rows * self.vocab) * FLOAT
         return int(rows * cache + activations + FIXED_BYTES)
 
-    def bound(self, text_tokens: int) -> int:
+    def bound(self, text_tokens: int, grown: bool = False) -> int:
         """Its figure at upstream's cap: a prompt of PROMPT_POSITIONS_CAP, MAX_TOKEN_TEXT_RATIO speech tokens per text token."""
         prefill = PROMPT_POSITIONS_CAP + text_tokens
-        return self(prefill + MAX_TOKEN_TEXT_RATIO * text_tokens, prefill=prefill)
+        return self(prefill + MAX_TOKEN_TEXT_RATIO * text_tokens, prefill=prefill, grown=grown)
 
 
 # ---- what a request is admitted with --------------------------------------------------------------
@@ -103,11 +116,11 @@ def admission(lm: LmMemory, flow: FlowMemory, hift: HiftMemory, segment_tokens: 
     def least_speech(request: SynthesisRequest | None) -> int:
         return 0 if version == 3 else MIN_TOKEN_TEXT_RATIO * tokens(request)
 
-    bound_tokens = 100  # a request of unknown text (streamed, or the planning figure): upstream's segment size
 
     def llm(request: SynthesisRequest | None) -> int:
-        text = tokens(request) or bound_tokens
-        return lm.bound(text)
+        text = tokens(request) or BOUND_TEXT_TOKENS
+        # text streamed in (or not known yet) grows a dynamic cache, whatever the model's kind
+        return lm.bound(text, grown=request is None or not isinstance(request.text, str))
 
     def flow_least(request: SynthesisRequest | None) -> int:
         speech = least_speech(request)
@@ -118,7 +131,7 @@ def admission(lm: LmMemory, flow: FlowMemory, hift: HiftMemory, segment_tokens: 
 
     def most_speech(request: SynthesisRequest | None) -> int:
         """Speech tokens a call may run on: upstream's cap for the text, and a voice prompt at the LM's prompt cap."""
-        return MAX_TOKEN_TEXT_RATIO * (tokens(request) or bound_tokens) + PROMPT_POSITIONS_CAP
+        return MAX_TOKEN_TEXT_RATIO * (tokens(request) or BOUND_TEXT_TOKENS) + PROMPT_POSITIONS_CAP
 
     def flow_most(request: SynthesisRequest | None) -> int:
         speech = most_speech(request)

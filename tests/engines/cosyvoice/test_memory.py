@@ -13,7 +13,8 @@ import json
 
 import pytest
 
-from mizuoto.engines.cosyvoice.memory import LM_CACHE_COPIES, WENET_CACHE_COPIES
+from mizuoto.engines.cosyvoice.memory import (BOUND_TEXT_TOKENS, LM_CACHE_COPIES, STATIC_CACHE_COPIES,
+                                              WENET_CACHE_COPIES, LmMemory, admission)
 from mizuoto.nn.flow.memory import FIXED_BYTES, FlowMemory
 from mizuoto.nn.vocoders.memory import HIFT_FIXED_BYTES, HiftMemory
 from mizuoto.runtime.engine import Reference, SynthesisRequest
@@ -53,6 +54,31 @@ def test_the_lm_is_admitted_on_its_bound_counted_with_the_models_tokenizer(runti
         figure = llm.call_working(positions=positions)
         assert per_position * positions < figure - FIXED_BYTES <= copies * per_position * positions + (1 << 20)
     assert llm.call_working(positions=1000, rows=8) > 7 * (llm.call_working(positions=1000) - FIXED_BYTES)
+
+
+def test_a_static_cache_is_counted_once_with_its_attention_copies_and_streamed_text_as_grown(runtime, variant_dir,
+                                                                                             clip):
+    rt, names = runtime
+    model = rt.model(names[variant_dir])
+    per_position = _kv_bytes_per_position(variant_dir)
+    dynamic, static = LmMemory(model.llm), LmMemory(model.llm, static=True)
+    if model.variant.version == 1:  # the wenet LM keeps its own cache whatever the option says
+        assert static(1000, rows=8) == dynamic(1000, rows=8)
+        return
+    assert 1 < STATIC_CACHE_COPIES < LM_CACHE_COPIES
+    for positions, rows in ((100, 1), (1000, 1), (1000, 8)):
+        saved = dynamic(positions, rows=rows) - static(positions, rows=rows)
+        assert saved == pytest.approx((LM_CACHE_COPIES - STATIC_CACHE_COPIES) * rows * per_position * positions, abs=2)
+        assert static(positions, rows=rows, grown=True) == dynamic(positions, rows=rows)
+    # text streamed in grows a dynamic cache on any model: admitted as grown; a whole text as the model's kind
+    assert static.bound(50, grown=True) == dynamic.bound(50) > static.bound(50)
+    admitted = admission(static, FlowMemory(model.flow), HiftMemory(model.hift), model._segment_tokens,
+                         model.variant.version, model.schedule_mel_frames)["llm"]
+    text = "Hello world, a test."
+    tokens = max(model._segment_tokens(text))
+    assert admitted(SynthesisRequest(text, voice=Reference(str(clip)))) == static.bound(tokens)
+    streamed = SynthesisRequest(iter([text]), voice=Reference(str(clip)))
+    assert admitted(streamed) == admitted(None) == static.bound(BOUND_TEXT_TOKENS, grown=True)
 
 
 def test_the_flow_and_vocoder_are_admitted_with_what_the_lm_certainly_makes(runtime, variant_dir, clip):
