@@ -14,6 +14,7 @@ import torch
 
 from mizuoto.cli.main import main as cli_main
 from mizuoto.errors import InvalidRequest, MizuotoError
+from mizuoto.nn.memory import HEAP_PACKING_BYTES
 from mizuoto.runtime.bench_memory import MemoryCase, format_memory, memory_cases, run_case, run_case_process, summarize
 from mizuoto.runtime.engine import SynthesisRequest
 from mizuoto.runtime.memprobe import measure_peak
@@ -75,15 +76,22 @@ def test_a_driver_without_the_memory_api_is_refused(tmp_path):
 
 
 def test_the_summary_names_the_calls_outside_the_band():
-    calls = [{"stage": "flow", "seconds": 5, "stream": False, "rows": 1, "planned": 130, "measured": 100},
-             {"stage": "flow", "seconds": 5, "stream": False, "rows": 1, "planned": 90, "measured": 100},
-             {"stage": "hift", "seconds": 5, "stream": True, "rows": 1, "planned": 110, "measured": 100}]
+    mib, extra = 1 << 20, HEAP_PACKING_BYTES  # every figure carries the heap's allowance; the band is without it
+    calls = [{"stage": "flow", "seconds": 5, "stream": False, "rows": 1, "planned": 130 * mib + extra,
+              "measured": 100 * mib},
+             {"stage": "flow", "seconds": 5, "stream": False, "rows": 1, "planned": 90 * mib + extra,
+              "measured": 100 * mib},
+             {"stage": "hift", "seconds": 5, "stream": True, "rows": 1, "planned": 110 * mib + extra,
+              "measured": 100 * mib},
+             {"stage": "llm", "seconds": 1, "stream": False, "rows": 8, "planned": 100 * mib - 1 + extra,
+              "measured": 100 * mib + extra}]
     rows = summarize(calls)
     assert [(r["case"], r["stage"], r["calls"], r["within"]) for r in rows] == [
-        ("5 s whole", "flow", 2, False), ("5 s streamed", "hift", 1, True)]
+        ("5 s whole", "flow", 2, True), ("5 s streamed", "hift", 1, True), ("1 s whole x8", "llm", 1, False)]
     assert rows[0]["ratio_min"] == 0.9 and rows[0]["ratio_max"] == 1.3
+    assert not summarize(calls[:1], ratio=1.2)[0]["within"]
     text = format_memory(rows, "title")
-    assert text.splitlines()[0] == "title" and "0.90-1.30  (outside 1.0-1.3)" in text
+    assert text.splitlines()[0] == "title" and "0.90-1.30\n" in text and "(measured above the figure" in text
 
 
 def test_a_case_runs_in_a_fresh_process_and_a_failing_one_says_why(tmp_path):

@@ -30,7 +30,8 @@ from torch import nn
 
 from mizuoto.engines.cosyvoice.llm import (MAX_TOKEN_TEXT_RATIO, MIN_TOKEN_TEXT_RATIO, PROMPT_POSITIONS_CAP,
                                            QwenSpeechLM, TransformerSpeechLM)
-from mizuoto.nn.flow.memory import FIXED_BYTES, FLOAT, FlowMemory
+from mizuoto.nn.flow.memory import FlowMemory
+from mizuoto.nn.memory import FIXED_BYTES, FLOAT
 from mizuoto.nn.vocoders.memory import HiftMemory
 from mizuoto.runtime.engine import SynthesisRequest
 

@@ -19,10 +19,10 @@ from __future__ import annotations
 from torch import nn
 
 from mizuoto.nn.flow.unet1d import Attention as UNetAttention
+from mizuoto.nn.memory import FIXED_BYTES, FLOAT
 from mizuoto.nn.transformer.attention import RelPositionMultiHeadedAttention
 from mizuoto.nn.transformer.dit import Attention as DiTAttention
 
-FLOAT = 4
 CFG_ROWS = 2  # the flow's estimator runs the conditioned and the unconditioned row together
 # conformer self-attention with relative positions, per head (batch of one): (T x T) floats live at
 # once (scores, position scores, their sum, softmax, masked copies) and per-position buffers
@@ -38,7 +38,6 @@ UNET_INPUT_COPIES, UNET_CHANNEL_COPIES = 1.9, 18.5
 UNET_FIXED_PER_WIDTH = 36 << 10  # its timestep embedding, per-block buffers and kernel workspaces: 9 MiB at width 256
 DIT_INPUT_COPIES, DIT_WIDTH_COPIES = 4.1, 7.6
 DIT_FIXED_PER_WIDTH = 12 << 10  # whatever the frames: 12 MiB at the released width (its weights' kernel workspaces)
-FIXED_BYTES = 1 << 20  # what any call allocates whatever its size (kernel workspaces, small buffers)
 
 
 class FlowMemory:

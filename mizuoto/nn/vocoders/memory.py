@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from torch import nn
 
-FLOAT = 4
+from mizuoto.nn.memory import FLOAT, HEAP_PACKING_BYTES
+
 HIFT_SOURCE_BYTES, HIFT_CHANNEL_COPIES = 240, 6.9
 HIFT_FIXED_BYTES, HIFT_FIXED_PER_CHANNEL = 6.5 * (1 << 20), 0.75 * (1 << 20)
 
@@ -26,7 +27,7 @@ class HiftMemory:
             positions *= rate
             densest = max(densest, up.out_channels * positions / self.samples_per_frame)
         self.per_sample = HIFT_SOURCE_BYTES + HIFT_CHANNEL_COPIES * FLOAT * densest
-        self.fixed = HIFT_FIXED_BYTES + HIFT_FIXED_PER_CHANNEL * densest
+        self.fixed = HIFT_FIXED_BYTES + HIFT_FIXED_PER_CHANNEL * densest + HEAP_PACKING_BYTES
 
     def __call__(self, frames: int) -> int:
         """Bytes for one vocoder call."""

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from mizuoto.nn.flow.memory import FIXED_BYTES, FLOAT, FlowMemory
+from mizuoto.nn.flow.memory import FlowMemory
+from mizuoto.nn.memory import FIXED_BYTES, FLOAT
 from mizuoto.nn.vocoders.memory import HiftMemory
 
 LM_CACHE_COPIES = 1.5

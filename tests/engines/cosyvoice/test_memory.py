@@ -15,7 +15,8 @@ import pytest
 
 from mizuoto.engines.cosyvoice.memory import (BOUND_TEXT_TOKENS, LM_CACHE_COPIES, STATIC_CACHE_COPIES,
                                               WENET_CACHE_COPIES, LmMemory, admission)
-from mizuoto.nn.flow.memory import FIXED_BYTES, FlowMemory
+from mizuoto.nn.flow.memory import FlowMemory
+from mizuoto.nn.memory import FIXED_BYTES, HEAP_PACKING_BYTES
 from mizuoto.nn.vocoders.memory import HIFT_FIXED_BYTES, HiftMemory
 from mizuoto.runtime.engine import Reference, SynthesisRequest
 from mizuoto.runtime.hyperyaml import load_hyperyaml
@@ -90,8 +91,11 @@ def test_the_flow_and_vocoder_are_admitted_with_what_the_lm_certainly_makes(runt
     frames = model.schedule_mel_frames(least)
     assert flow.working_memory(request) == flow.call_working(tokens=least, frames=frames)
     assert hift.working_memory(request) == hift.call_working(frames=frames)
-    # the planning figure (no request) is the least of any request: nothing certain
-    assert flow.working_memory(None) == flow.call_working(tokens=0, frames=0) < 8 << 20
+    # the planning figure (no request) is the least of any request: nothing certain but the heap's allowance
+    assert flow.working_memory(None) == flow.call_working(tokens=0, frames=0) < (8 << 20) + HEAP_PACKING_BYTES
+    # every call's figure carries the allowance for the heap's packing, however small the call
+    for stage, sizes in (("llm", {"positions": 1}), ("flow", {"tokens": 1, "frames": 1}), ("hift", {"frames": 1})):
+        assert model.stage(stage).call_working(**sizes) > HEAP_PACKING_BYTES
     longer = SynthesisRequest("a b c " * 80, voice=Reference(str(clip)))
     assert (flow.working_memory(longer) > flow.working_memory(request)) == (model.variant.version < 3)
 

@@ -7,20 +7,22 @@ a time with a thread each. Streamed requests stop there for time: CosyVoice 2/3 
 the flow again over every token so far, so each call of a streamed request is at most the whole
 request's call, which the whole cases measure at every length; the 30 and 60 s streamed cases
 (minutes each on two cores) are in the calibration table of docs/memory.md. For each call:
-measured <= planned <= 1.3 x measured, except where the allocator keeps that from holding:
+measured <= planned <= 1.3 x measured + HEAP_PACKING_BYTES (every figure carries that allowance for
+the heap's packing, which moves full-size calls by up to 12 MiB from one process to the next; the
+band is the figure's without it), except where the allocator keeps that from holding:
 
 - the vocoder, up to 1.4 x: the same call measures 17-25 MiB at 150-160 frames from one run to the
   next (glibc's arenas keep its many small buffers), so its figure covers the upper end;
 - a call measured under GRANULARITY (24 MiB: a 58-frame vocoder call, whose tensors are under
   1 MiB, once measured 20 MiB) is held to measured <= planned + GRANULARITY and planned <= 1.3 x
-  GRANULARITY instead (the tiny models' LM calls, short flow and vocoder calls); they are
+  GRANULARITY + HEAP_PACKING_BYTES instead (the tiny models' LM calls, short flow and vocoder calls); they are
   printed by stage and ratio;
 - a measurement is low by up to SCATTER (8 MiB) when the call reuses memory its request's earlier
   calls freed in glibc's arenas: the same streamed flow calls of the CosyVoice 2 fixture measured
   16-19, 28-35, 70-76, 126-131 and 195-201 MiB (206 to 900 frames) in four fresh processes
   (2026-12-04), and CI measured the 306-frame one at 28 MiB against 38 planned. So the upper
-  band is planned <= ratio x (measured + SCATTER); calls that need the SCATTER to pass are printed
-  by stage and ratio too. It matters below ~50 MiB only (2% of a 400 MiB call).
+  band is planned <= ratio x (measured + SCATTER) + HEAP_PACKING_BYTES; calls that need the SCATTER
+  to pass are printed by stage and ratio too. It matters below ~50 MiB only (2% of a 400 MiB call).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import pytest
 
 from mizuoto.engines.cosyvoice.llm import VARIANTS as BATCHED_LMS
 from mizuoto.engines.cosyvoice.variants import find_variant
+from mizuoto.nn.memory import HEAP_PACKING_BYTES
 from mizuoto.runtime.bench_memory import SECONDS, MemoryCase, run_case_process
 from mizuoto.runtime.hyperyaml import load_hyperyaml
 
@@ -77,17 +80,19 @@ def test_every_stage_call_is_planned_within_its_measured_peak(measured, variant_
     small, scattered, wrong = [], [], []
     for c in calls:
         where = f"{c['stage']} {MemoryCase(c['seconds'], c['stream'], c['rows']).label} {c['sizes']}"
-        ratio = c["planned"] / max(c["measured"], 1)
+        figure = c["planned"] - HEAP_PACKING_BYTES  # the band is the figure's without the heap's allowance
+        ratio = figure / max(c["measured"], 1)
         if c["measured"] < GRANULARITY:
             small.append(f"{where}: {ratio:.2f}")
-            ok = c["measured"] <= c["planned"] + GRANULARITY and c["planned"] <= 1.3 * GRANULARITY
+            ok = c["measured"] <= c["planned"] + GRANULARITY and figure <= 1.3 * GRANULARITY
         else:
-            ok = c["measured"] <= c["planned"] <= RATIO[c["stage"]] * (c["measured"] + SCATTER)
+            ok = c["measured"] <= c["planned"] and figure <= RATIO[c["stage"]] * (c["measured"] + SCATTER)
             if ok and ratio > RATIO[c["stage"]]:
                 scattered.append(f"{where}: {ratio:.2f}")
         if not ok:
             wrong.append(f"{where}: planned {c['planned'] >> 20} MiB, measured {c['measured'] >> 20} MiB ({ratio:.2f})")
-    print(f"{variant_dir.parent.name}: {len(small)} calls under {GRANULARITY >> 20} MiB (planned/measured):",
+    print(f"{variant_dir.parent.name}: {len(small)} calls under {GRANULARITY >> 20} MiB (planned less the heap's "
+          "allowance / measured):",
           "; ".join(small))
     print(f"{variant_dir.parent.name}: {len(scattered)} calls within their band only with the {SCATTER >> 20} MiB "
           "scatter:", "; ".join(scattered))
