@@ -5,7 +5,9 @@ Shared resources (the wetext FSTs, Whisper's vocabulary) come from the packages 
 nothing is laid into the home by hand.
 """
 
+import atexit
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -24,7 +26,9 @@ fixtures_root()  # raises at collection if the fixture tree is missing
 os.environ.setdefault("MIZUOTO_ORT_NCHWC_BLOCK", "16")
 
 # A private, empty $MIZUOTO_HOME: caches land there, and no resource hides a missing install.
+# Removed when the session's process ends (child processes the tests start are done by then).
 os.environ["MIZUOTO_HOME"] = tempfile.mkdtemp(prefix="mizuoto-home-")
+atexit.register(shutil.rmtree, os.environ["MIZUOTO_HOME"], ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
