@@ -114,7 +114,8 @@ class CosyVoiceModel(Model):
         if self._audio_ok:
             front_modules = {"speech_tokenizer": self.frontend.speech_tokenizer, "campplus": self.frontend.campplus}
         fixed_hift = {"f0_predictor"} if variant.version == 3 and f0_device(device) != device else set()
-        calls = {"llm": LmMemory(self.llm, static=self.options.compute.kv_cache == "static"), "flow": FlowMemory(self.flow), "hift": HiftMemory(self.hift)}
+        calls = {"llm": LmMemory(self.llm, static=self.options.compute.kv_cache == "static"),
+                 "flow": FlowMemory(self.flow), "hift": HiftMemory(self.hift)}
         admitted = admission(calls["llm"], calls["flow"], calls["hift"], self._segment_tokens, variant.version,
                              self.schedule_mel_frames)
         self.stages = (

@@ -117,7 +117,6 @@ def admission(lm: LmMemory, flow: FlowMemory, hift: HiftMemory, segment_tokens: 
     def least_speech(request: SynthesisRequest | None) -> int:
         return 0 if version == 3 else MIN_TOKEN_TEXT_RATIO * tokens(request)
 
-
     def llm(request: SynthesisRequest | None) -> int:
         text = tokens(request) or BOUND_TEXT_TOKENS
         # text streamed in (or not known yet) grows a dynamic cache, whatever the model's kind
