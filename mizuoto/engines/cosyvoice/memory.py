@@ -4,7 +4,8 @@ Each figure models what runs on the CPU (resident growth of the process while th
 the runtime's allocator settings: runtime.malloc) and is an upper bound on CUDA, whose fused
 attention kernels hold no more. The constants below were measured with `mizuoto bench --memory`
 on the fixture models and full-size random models (docs/memory.md, "Calibration"; Intel Xeon,
-2 threads, torch 2.13.0, 2026-12-03):
+2 threads, torch 2.13.0, 2026-12-03). Every figure also carries `nn.memory.HEAP_PACKING_BYTES`
+(through FIXED_BYTES), the allowance for how the process's heap packs a call's small buffers:
 
 - **LM** (`positions`, `rows`, `prefill`): per row, the KV cache of every layer at `positions`,
   held LM_CACHE_COPIES times while it grows (Qwen2's dynamic cache is grown by concatenation, and

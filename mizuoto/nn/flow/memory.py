@@ -11,7 +11,8 @@ and RELPOS_LINEAR floats per position and head (T = tokens before the upsampling
 the U-Net's one per CFG row and head (its additive mask repeated per head) and UNET_ROW_COPIES per
 row; the DiT's DIT_COPIES per CFG row (its boolean mask broadcast over heads). The estimator's
 activations linear in the frames: copies of its stacked input and of its width per frame and row,
-and a part whatever the frames (per channel of the U-Net's width, per unit of the DiT's).
+and a part whatever the frames (per channel of the U-Net's width, per unit of the DiT's). FIXED_BYTES
+(`nn.memory`) adds the heap's allowance to every call.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Its harmonic source at the output rate and HIFT_CHANNEL_COPIES of its densest upsampled activation
 (channels x positions per sample: 16 floats for the released 512-channel HiFT, under 1 for
-CosyVoice's fixture); its short calls' small buffers stay in glibc's arenas. Measured with
+CosyVoice's fixture); its short calls' small buffers stay in glibc's arenas, and the heap's
+allowance (`nn.memory.HEAP_PACKING_BYTES`) comes on top. Measured with
 `mizuoto bench --memory` (docs/memory.md, "Calibration"; Intel Xeon, 2 threads, torch 2.13.0,
 2026-12-03); CPU resident growth, an upper bound on CUDA.
 """
