@@ -2,7 +2,8 @@
 
 SPEC holds the model (`model_dir` or `random` with `workdir` and `assets`), the `driver` factory
 if one was named, the load `options` and the `case` (runtime.bench_memory.MemoryCase's fields).
-It prints one JSON line: the driver's name and the measured calls.
+It prints one JSON line: the driver's name and the measured calls (or `{"error": ...}`), and on stderr a
+line per measured call as it ends.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return case_process_main(driver, spec)
     except MizuotoError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(json.dumps({"error": str(exc)}))
         return 2
 
 

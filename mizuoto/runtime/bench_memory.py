@@ -17,7 +17,7 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -64,6 +64,7 @@ class CallRecorder:
     def __init__(self, model: Any, device: Any):
         self.model, self.device = model, device
         self.calls: list[dict[str, Any]] = []
+        self.on_call: Callable[[dict[str, Any]], None] | None = None  # told of each call as it is recorded
         self._lock = threading.Lock()
         self._open = 0
 
@@ -83,13 +84,17 @@ class CallRecorder:
             with measure_peak(self.device) as peak:
                 yield
             self.calls.append({"stage": stage, "sizes": dict(sizes), "planned": int(working), "measured": peak[0]})
+            if self.on_call is not None:
+                self.on_call(self.calls[-1])
         finally:
             with self._lock:
                 self._open -= 1
 
 
-def run_case(driver: Any, case: MemoryCase) -> list[dict[str, Any]]:
-    """Run `case` through the driver in this process; the measured calls (after a warm-up request).
+def run_case(driver: Any, case: MemoryCase,
+             on_call: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """Run `case` through the driver in this process; the measured calls (after a warm-up request), each
+    also given to `on_call` as it ends (a long case's progress).
 
     The model's stage calls go through its executor (its own, or one made for the case), whose
     placement is the recorder; the case itself runs in this thread.
@@ -105,6 +110,7 @@ def run_case(driver: Any, case: MemoryCase) -> list[dict[str, Any]]:
     try:
         driver.memory_case(max(1, round(WARMUP_SECONDS * driver.tokens_per_second)), case.stream, case.rows)
         recorder.calls.clear()
+        recorder.on_call = on_call
         driver.memory_case(max(1, round(case.seconds * driver.tokens_per_second)), case.stream, case.rows)
     finally:
         executor.placement = None
@@ -121,14 +127,27 @@ def memory_cases(seconds: Sequence[float], modes: Sequence[bool], rows: Sequence
 
 
 def run_case_process(spec: dict[str, Any], timeout: float | None = None) -> list[dict[str, Any]]:
-    """Run one case in a fresh Python process (`python -m mizuoto.cli.memory_case SPEC`); its calls."""
-    proc = subprocess.run([sys.executable, "-m", "mizuoto.cli.memory_case", json.dumps(spec)], capture_output=True,
+    """Run one case in a fresh Python process (`python -m mizuoto.cli.memory_case SPEC`); its calls.
+
+    The process writes its progress (a line per measured call) and any warning to this process's
+    stderr as it runs, and its result (or its error) as one JSON line on stdout.
+    """
+    proc = subprocess.run([sys.executable, "-m", "mizuoto.cli.memory_case", json.dumps(spec)], stdout=subprocess.PIPE,
                           text=True, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise MizuotoError(f"bench --memory: the case {spec.get('case')} failed: {tail}")
-    return json.loads(lines[-1])["calls"]
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines or "calls" not in lines[-1]:
+        why = lines[-1].get("error") if lines else None
+        raise MizuotoError(f"bench --memory: the case {spec.get('case')} failed: "
+                           f"{why or f'exit status {proc.returncode}; its traceback is above'}")
+    return lines[-1]["calls"]
+
+
+def call_line(call: dict[str, Any], allowance: int = HEAP_PACKING_BYTES) -> str:
+    """One measured call as a progress line: its stage and sizes, planned and measured, the band's ratio."""
+    sizes = " ".join(f"{k}={v}" for k, v in call["sizes"].items())
+    ratio = (call["planned"] - allowance) / call["measured"] if call["measured"] else float("inf")
+    return (f"bench --memory:   {call['stage']} {sizes}: planned {format_bytes(call['planned'])}, measured "
+            f"{format_bytes(call['measured'])} ({ratio:.2f}{'' if call['measured'] <= call['planned'] else ', ABOVE'})")
 
 
 def case_process_main(driver_factory: Any, spec: dict[str, Any]) -> int:
@@ -137,7 +156,8 @@ def case_process_main(driver_factory: Any, spec: dict[str, Any]) -> int:
     if spec.get("threads"):  # cases run side by side each take a share of the cores
         torch.set_num_threads(int(spec["threads"]))
     driver = driver_factory()
-    calls = run_case(driver, MemoryCase(**spec["case"]))
+    calls = run_case(driver, MemoryCase(**spec["case"]), lambda call: print(call_line(call), file=sys.stderr,
+                                                                             flush=True))
     print(json.dumps({"driver": driver.name, "calls": calls}))
     return 0
 

@@ -15,7 +15,8 @@ import torch
 from mizuoto.cli.main import main as cli_main
 from mizuoto.errors import InvalidRequest, MizuotoError
 from mizuoto.nn.memory import HEAP_PACKING_BYTES
-from mizuoto.runtime.bench_memory import MemoryCase, format_memory, memory_cases, run_case, run_case_process, summarize
+from mizuoto.runtime.bench_memory import (MemoryCase, call_line, format_memory, memory_cases, run_case, run_case_process,
+                                          summarize)
 from mizuoto.runtime.engine import SynthesisRequest
 from mizuoto.runtime.memprobe import measure_peak
 from mizuoto.testing.toy import NOTE_SECONDS, ToneEngine, write_model
@@ -94,12 +95,15 @@ def test_the_summary_names_the_calls_outside_the_band():
     assert text.splitlines()[0] == "title" and "0.90-1.30\n" in text and "(measured above the figure" in text
 
 
-def test_a_case_runs_in_a_fresh_process_and_a_failing_one_says_why(tmp_path):
+def test_a_case_runs_in_a_fresh_process_and_a_failing_one_says_why(tmp_path, capfd):
     model_dir = write_model(tmp_path / "tone")
     spec = {"model_dir": str(model_dir), "workdir": str(tmp_path), "options": {"device": "cpu"},
             "driver": f"{__file__}:ToneMemoryDriver", "case": {"seconds": 2, "stream": True, "rows": 1}}
     calls = run_case_process(spec, timeout=120)
     assert calls and all(c["stage"] == "render" and c["stream"] for c in calls)
+    # each measured call was reported as it ended (a long case's progress), in the order recorded
+    progress = [line for line in capfd.readouterr().err.splitlines() if line.startswith("bench --memory:")]
+    assert progress == [call_line(c) for c in calls]
     with pytest.raises(MizuotoError, match="failed: .*seconds > 0"):
         run_case_process({**spec, "case": {"seconds": -1, "stream": False, "rows": 1}}, timeout=120)
 
