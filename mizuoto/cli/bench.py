@@ -109,6 +109,10 @@ def configure(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]
                         "without 1, only the batched ones; streamed requests are one row)")
     p.add_argument("--memory-modes", metavar="MODE,...", type=_modes, default=["whole", "streamed"],
                    help="with --memory: whole, streamed or both (default both)")
+    p.add_argument("--memory-served", action="store_true",
+                   help="with --memory and rows above 1: also run each batched case as a server runs it (its rows "
+                        "requests of spread lengths, each one's flow and vocoder calls on the batch loop's thread "
+                        "beside the rows still decoding)")
     add_load_arguments(p)
     p.add_argument("--bandwidth", type=float, help="the device's peak bandwidth in GB/s (overrides the lookup)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -211,7 +215,11 @@ def run_memory(args: argparse.Namespace) -> int:
     """`mizuoto bench --memory`: every case in a fresh process; the calibration table (or JSON)."""
     batch = max(args.memory_rows)
     options = options_from_args(args, {"compute.batch": batch} if batch > 1 else None).resolved()
-    cases = memory_cases(args.memory, [m == "streamed" for m in args.memory_modes], args.memory_rows)
+    if args.memory_served and (batch < 2 or "whole" not in args.memory_modes):
+        raise InvalidRequest("--memory-served runs whole requests in a batch: it needs --memory-rows above 1 and "
+                             "--memory-modes with whole")
+    cases = memory_cases(args.memory, [m == "streamed" for m in args.memory_modes], args.memory_rows,
+                         args.memory_served)
     with tempfile.TemporaryDirectory(prefix="mizuoto-bench-") as tmp:
         spec = {"model_dir": str(resolve_model(args.model_dir)) if args.model_dir else None, "random": args.random,
                 "workdir": args.workdir or tmp, "assets": getattr(args, "assets", None), "driver": args.driver,

@@ -111,6 +111,10 @@ class BenchDriver(Protocol):
     # compute.batch) and `use_batch(on)`, which routes `lm` and `stream` through the batch
     # (off for the single-request table, on for the --concurrency sweep), and `loop_seconds()`,
     # where its batch loop's time went so far by kind of work (runtime.executor.Executor.timings).
+    # Optional, for `bench --memory` (runtime.bench_memory): `model` (the loaded Model),
+    # `tokens_per_second` (of audio) and `memory_case(tokens, stream, rows)`, one request of
+    # `tokens` through the model's own stage calls, its LM decoding `rows` requests at once; a
+    # driver whose model batches may take `served` too (rows as a server runs them: MemoryCase).
 
 
 def synchronize(device: torch.device) -> None:

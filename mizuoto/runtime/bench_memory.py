@@ -1,17 +1,19 @@
 """`mizuoto bench --memory`: each stage call's planned working memory against the peak it was measured at.
 
 A case is one request of a length (seconds of audio), whole or streamed, with its LM decoding
-`rows` requests at once. It runs in a fresh process (`run_case_process`), so no other case's heap
-or thread pools are in its figures, with the allocator settings the server uses
-(runtime.malloc). There the engine's bench driver runs the request (`BenchDriver.memory_case`)
-and every call it makes inside `Model.room(stage, **sizes)` is measured (runtime.memprobe): the
-planned figure is the stage's `call_memory(**sizes)`, the measured one the peak the call added.
+`rows` requests at once; a served case runs those rows as a server does (`MemoryCase.served`).
+It runs in a fresh process (`run_case_process`), so no other case's heap or thread pools are in
+its figures, with the allocator settings the server uses (runtime.malloc). There the engine's
+bench driver runs the request (`BenchDriver`'s `memory_case`) and every call it makes inside
+`Model.room(stage, **sizes)` is measured (runtime.memprobe): the planned figure is the stage's
+`call_memory(**sizes)`, the measured one the peak the call added.
 One warm-up request first pays the one-time allocations (thread pools, kernel workspaces).
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import os
 import subprocess
@@ -37,20 +39,29 @@ WARMUP_SECONDS = 1
 
 @dataclass(frozen=True)
 class MemoryCase:
-    """One request: `seconds` of audio, whole or streamed, its LM decoding `rows` requests at once."""
+    """One request: `seconds` of audio, whole or streamed, its LM decoding `rows` requests at once.
+
+    `served`: the rows are `rows` whole requests of lengths spread up to `seconds` (the k-th of n
+    speaks k/n of it), each running its flow and vocoder calls on the batch loop's thread as soon as
+    its LM is done, beside the rows still decoding: the calls as a server runs them.
+    """
 
     seconds: float
     stream: bool = False
     rows: int = 1
+    served: bool = False
 
     def __post_init__(self) -> None:
         if self.seconds <= 0 or self.rows < 1:
             raise InvalidRequest(f"bench --memory: a case needs seconds > 0 and rows >= 1, got {self}")
+        if self.served and (self.stream or self.rows < 2):
+            raise InvalidRequest(f"bench --memory: a served case is whole requests in 2 or more rows, got {self}")
 
     @property
     def label(self) -> str:
-        """E.g. "15 s streamed" or "5 s whole x8"."""
-        return f"{self.seconds:g} s {'streamed' if self.stream else 'whole'}" + (f" x{self.rows}" if self.rows > 1 else "")
+        """E.g. "15 s streamed", "5 s whole x8" or "60 s whole x8 served"."""
+        rows = f" x{self.rows}" if self.rows > 1 else ""
+        return f"{self.seconds:g} s {'streamed' if self.stream else 'whole'}{rows}{' served' if self.served else ''}"
 
 
 class CallRecorder:
@@ -59,10 +70,13 @@ class CallRecorder:
 
     The probe sees the whole process, so one call is measured at a time: a reservation made while
     another is open (the rows of a batch inside the batch's own) is part of that one, not recorded.
+    In a served case (`unmeasured`: the sequence stages) the rows' own reservations span their
+    whole decoding, across the other requests' calls: they are not measured, and a call of another
+    stage is measured while they are open (what the rows' steps add while it waits is in its figure).
     """
 
-    def __init__(self, model: Any, device: Any):
-        self.model, self.device = model, device
+    def __init__(self, model: Any, device: Any, unmeasured: frozenset[str] = frozenset()):
+        self.model, self.device, self.unmeasured = model, device, unmeasured
         self.calls: list[dict[str, Any]] = []
         self.on_call: Callable[[dict[str, Any]], None] | None = None  # told of each call as it is recorded
         self._lock = threading.Lock()
@@ -74,6 +88,9 @@ class CallRecorder:
 
     @contextlib.contextmanager
     def reserve(self, stage: str, lease: Any, working: int, sizes: dict[str, int]) -> Iterator[None]:
+        if stage in self.unmeasured:
+            yield
+            return
         with self._lock:
             self._open += 1
             outer = self._open == 1
@@ -103,15 +120,19 @@ def run_case(driver: Any, case: MemoryCase,
         if not hasattr(driver, need):
             raise InvalidRequest(f"bench --memory: the driver of {driver.name} has no {need!r}")
     model = driver.model
+    served = {"served": True} if case.served else {}
+    if served and "served" not in inspect.signature(driver.memory_case).parameters:
+        raise InvalidRequest(f"bench --memory: the driver of {driver.name} runs no served case")
     own = model.executor
     executor = own if own is not None else Executor(f"bench-{driver.name}")
-    recorder = CallRecorder(model, driver.device)
+    sequence = frozenset(s.name for s in model.stages if s.kind == "sequence") if served else frozenset()
+    recorder = CallRecorder(model, driver.device, sequence)
     model.executor, executor.placement = executor, recorder
     try:
-        driver.memory_case(max(1, round(WARMUP_SECONDS * driver.tokens_per_second)), case.stream, case.rows)
+        driver.memory_case(max(1, round(WARMUP_SECONDS * driver.tokens_per_second)), case.stream, case.rows, **served)
         recorder.calls.clear()
         recorder.on_call = on_call
-        driver.memory_case(max(1, round(case.seconds * driver.tokens_per_second)), case.stream, case.rows)
+        driver.memory_case(max(1, round(case.seconds * driver.tokens_per_second)), case.stream, case.rows, **served)
     finally:
         executor.placement = None
         if own is None:
@@ -120,10 +141,14 @@ def run_case(driver: Any, case: MemoryCase,
     return [{**call, **asdict(case)} for call in recorder.calls]
 
 
-def memory_cases(seconds: Sequence[float], modes: Sequence[bool], rows: Sequence[int]) -> list[MemoryCase]:
-    """`bench --memory`'s cases: each length in each mode (True: streamed), whole ones at each of `rows` LM rows."""
+def memory_cases(seconds: Sequence[float], modes: Sequence[bool], rows: Sequence[int],
+                 served: bool = False) -> list[MemoryCase]:
+    """`bench --memory`'s cases: each length in each mode (True: streamed), whole ones at each of `rows` LM rows
+    (`served`: the batched ones as a server runs them too)."""
     cases = [MemoryCase(s, stream) for s in seconds for stream in modes if stream or 1 in rows]
-    return cases + [MemoryCase(s, False, n) for s in seconds for n in sorted(set(rows)) if n > 1 and False in modes]
+    batched = [(s, n) for s in seconds for n in sorted(set(rows)) if n > 1 and False in modes]
+    return cases + [MemoryCase(s, False, n) for s, n in batched] + \
+        [MemoryCase(s, False, n, True) for s, n in batched if served]
 
 
 def run_case_process(spec: dict[str, Any], timeout: float | None = None) -> list[dict[str, Any]]:
@@ -171,11 +196,11 @@ def summarize(calls: Sequence[dict[str, Any]], ratio: float = 1.3,
     """
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for c in calls:
-        groups.setdefault((c["seconds"], c["stream"], c["rows"], c["stage"]), []).append(c)
+        groups.setdefault((c["seconds"], c["stream"], c["rows"], c.get("served", False), c["stage"]), []).append(c)
     rows = []
-    for (seconds, stream, n, stage), cs in groups.items():
+    for (seconds, stream, n, served, stage), cs in groups.items():
         ratios = [(c["planned"] - allowance) / c["measured"] if c["measured"] else float("inf") for c in cs]
-        rows.append({"case": MemoryCase(seconds, stream, n).label, "stage": stage, "calls": len(cs),
+        rows.append({"case": MemoryCase(seconds, stream, n, served).label, "stage": stage, "calls": len(cs),
                      "planned": max(c["planned"] for c in cs), "measured": max(c["measured"] for c in cs),
                      "ratio_min": min(ratios), "ratio_max": max(ratios),
                      "within": all(c["measured"] <= c["planned"] for c in cs) and max(ratios) <= ratio})
@@ -184,10 +209,10 @@ def summarize(calls: Sequence[dict[str, Any]], ratio: float = 1.3,
 
 def format_memory(rows: Sequence[dict[str, Any]], title: str) -> str:
     """The calibration table: per case and stage, planned vs measured and the ratio's range."""
-    lines = [title, f"  {'case':<18} {'stage':<8} {'calls':>5} {'planned':>12} {'measured':>12}  (planned - "
+    lines = [title, f"  {'case':<21} {'stage':<8} {'calls':>5} {'planned':>12} {'measured':>12}  (planned - "
                     f"{HEAP_PACKING_BYTES >> 20} MiB)/measured"]
     for r in rows:
         mark = "" if r["within"] else "  (measured above the figure, or the band above 1.3)"
-        lines.append(f"  {r['case']:<18} {r['stage']:<8} {r['calls']:>5} {format_bytes(r['planned']):>12}"
+        lines.append(f"  {r['case']:<21} {r['stage']:<8} {r['calls']:>5} {format_bytes(r['planned']):>12}"
                      f" {format_bytes(r['measured']):>12}  {r['ratio_min']:.2f}-{r['ratio_max']:.2f}{mark}")
     return "\n".join(lines)

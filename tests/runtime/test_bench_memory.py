@@ -15,8 +15,8 @@ import torch
 from mizuoto.cli.main import main as cli_main
 from mizuoto.errors import InvalidRequest, MizuotoError
 from mizuoto.nn.memory import HEAP_PACKING_BYTES
-from mizuoto.runtime.bench_memory import (MemoryCase, call_line, format_memory, memory_cases, run_case, run_case_process,
-                                          summarize)
+from mizuoto.runtime.bench_memory import (CallRecorder, MemoryCase, call_line, format_memory, memory_cases, run_case,
+                                          run_case_process, summarize)
 from mizuoto.runtime.engine import SynthesisRequest
 from mizuoto.runtime.memprobe import measure_peak
 from mizuoto.testing.toy import NOTE_SECONDS, ToneEngine, write_model
@@ -119,6 +119,8 @@ def test_the_command_prints_the_table_and_json(tmp_path, capsys):
     assert cli_main([*argv, "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert {c["seconds"] for c in result["calls"]} == {1, 2} and result["summary"]
+    assert cli_main([*argv, "--memory-served"]) == 1  # one row: no batch to serve
+    assert "--memory-served runs whole requests in a batch" in capsys.readouterr().err
 
 
 def test_the_cases_are_the_lengths_modes_and_rows_asked_for():
@@ -127,3 +129,27 @@ def test_the_cases_are_the_lengths_modes_and_rows_asked_for():
     assert memory_cases([1], [whole, streamed], [8, 1, 8]) == [
         MemoryCase(1, False), MemoryCase(1, True), MemoryCase(1, False, 8)]
     assert memory_cases([2], [streamed], [8]) == [MemoryCase(2, True)]  # a streamed request is one row
+    assert memory_cases([1, 5], [whole, streamed], [1, 8], served=True) == [
+        MemoryCase(1, False), MemoryCase(1, True), MemoryCase(5, False), MemoryCase(5, True), MemoryCase(1, False, 8),
+        MemoryCase(5, False, 8), MemoryCase(1, False, 8, True), MemoryCase(5, False, 8, True)]
+    assert MemoryCase(60, False, 8, True).label == "60 s whole x8 served"
+    for stream, rows in ((True, 8), (False, 1)):  # streamed, or no batch to serve
+        with pytest.raises(InvalidRequest, match="served case"):
+            MemoryCase(1, stream, rows, served=True)
+
+
+def test_a_served_case_measures_each_call_beside_the_rows_reservations():
+    """The rows' sequence-stage reservations span the other requests' calls: in a served case they are not
+    measured, and a call of another stage made while they are open is; otherwise the outer one is measured."""
+    model = type("M", (), {"stages": ()})()
+    for unmeasured, recorded in ((frozenset({"lm"}), ["voc"]), (frozenset(), ["lm"])):
+        recorder = CallRecorder(model, torch.device("cpu"), unmeasured)
+        with recorder.reserve("lm", None, 1, {"positions": 9}):
+            with recorder.reserve("voc", None, 2, {"frames": 3}):
+                pass
+        assert [c["stage"] for c in recorder.calls] == recorded
+
+
+def test_a_served_case_needs_a_driver_that_runs_one(tmp_path):
+    with pytest.raises(InvalidRequest, match="runs no served case"):
+        run_case(_driver(tmp_path), MemoryCase(1, False, 2, served=True))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -226,23 +227,39 @@ class CosyVoiceBench:
         """Speech tokens per second of audio (the flow's input rate)."""
         return float(self.model.flow.input_frame_rate)
 
-    def memory_case(self, tokens: int, stream: bool, rows: int) -> None:
+    def memory_case(self, tokens: int, stream: bool, rows: int, served: bool = False) -> None:
         """One request of `tokens` speech tokens through the model's own stage calls, each inside `model.room`.
 
         Whole: the LM's generation (one call, its positions exactly what the LM fills: its length
         is capped at `tokens`), then one flow and one vocoder call; with `rows` > 1, that many
         requests' generations decoded together in the model's batch, as one call of `rows` rows.
-        Streamed: the synthesizer's chunk schedule.
+        Streamed: the synthesizer's chunk schedule. `served`: `rows` whole requests in the batch,
+        the k-th speaking k/rows of `tokens`, each submitting its flow and vocoder calls to the
+        batch loop as soon as its LM is done (as a server's requests do).
         """
         if stream:
             for _ in self.stream(tokens):
                 pass
             return
+        if rows > 1 and self.model.batch_width < rows:
+            raise InvalidRequest(f"bench --memory: {rows} rows need --option compute.batch={rows}")
+        if served:
+            lengths = iter([max(1, tokens * k // rows) for k in range(1, rows + 1)])
+            lock = threading.Lock()
+
+            def request() -> None:
+                with lock:
+                    n = next(lengths)
+                self.vocoder(self.flow(self.lm(n)))
+            self.use_batch(True)
+            try:
+                run_clients(rows, request)
+            finally:
+                self.use_batch(False)
+            return
         if rows == 1:
             speech = self.lm(tokens)
         else:
-            if self.model.batch_width < rows:
-                raise InvalidRequest(f"bench --memory: {rows} rows need --option compute.batch={rows}")
             prompt = 3 + sum(self.inputs[k].shape[1] for k in ("text", "prompt_text", "llm_prompt_speech_token"))
             self.use_batch(True)
             try:

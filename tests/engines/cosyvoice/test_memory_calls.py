@@ -1,7 +1,9 @@
 """Each stage call's planned working memory against the peak it was measured at, on every fixture model.
 
 Every length of `runtime.bench_memory.SECONDS` whole, and streamed up to STREAMED_UP_TO seconds,
-and whole with the LM decoding BATCH_ROWS requests at once where the model's LM batches, each case
+and whole with the LM decoding BATCH_ROWS requests at once where the model's LM batches (and at
+SERVED_SECONDS, those rows as a server runs them: each a request of its own length, its flow and
+vocoder calls on the batch loop's thread beside the rows still decoding), each case
 in a fresh process (`mizuoto.cli.memory_case`, the server's allocator settings), two at
 a time with a thread each. Streamed requests stop there for time: CosyVoice 2/3 stream by running
 the flow again over every token so far, so each call of a streamed request is at most the whole
@@ -28,6 +30,7 @@ band is the figure's without it), except where the allocator keeps that from hol
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 
 import pytest
 
@@ -44,6 +47,9 @@ STREAMED_UP_TO = 15
 CASES = [MemoryCase(s, stream) for s in SECONDS for stream in (False, True) if not stream or s <= STREAMED_UP_TO]
 BATCH_ROWS = 8
 BATCHED_CASES = [MemoryCase(s, False, BATCH_ROWS) for s in SECONDS]
+# the served rows' calls span 1/8 to all of this length (the longest lengths' cases take minutes here)
+SERVED_SECONDS = 15
+BATCHED_CASES.append(MemoryCase(SERVED_SECONDS, False, BATCH_ROWS, served=True))
 
 
 def cases_of(model_dir) -> list[MemoryCase]:
@@ -62,7 +68,7 @@ def measured(assembled, tmp_path_factory):
         d, case = job
         options = {"device": "cpu", **({"compute.batch": case.rows} if case.rows > 1 else {})}
         spec = {"model_dir": str(assembled[d]), "workdir": str(workdir), "options": options,
-                "threads": 1, "case": {"seconds": case.seconds, "stream": case.stream, "rows": case.rows}}
+                "threads": 1, "case": asdict(case)}
         return d, run_case_process(spec, timeout=600)
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(run, jobs))
@@ -75,11 +81,13 @@ def measured(assembled, tmp_path_factory):
 def test_every_stage_call_is_planned_within_its_measured_peak(measured, variant_dir):
     calls = measured[variant_dir]
     assert {c["stage"] for c in calls} == {"llm", "flow", "hift"}
-    assert {(c["seconds"], c["stream"], c["rows"]) for c in calls} == {
-        (c.seconds, c.stream, c.rows) for c in cases_of(variant_dir)}
+    assert {MemoryCase(c["seconds"], c["stream"], c["rows"], c["served"]) for c in calls} == set(cases_of(variant_dir))
+    served = [c for c in calls if c["served"]]  # each row's own flow and vocoder call; the rows' LM is not measured
+    assert {c["stage"] for c in served} <= {"flow", "hift"}
+    assert len({c["sizes"]["frames"] for c in served if c["stage"] == "flow"}) == (BATCH_ROWS if served else 0)
     small, scattered, wrong = [], [], []
     for c in calls:
-        where = f"{c['stage']} {MemoryCase(c['seconds'], c['stream'], c['rows']).label} {c['sizes']}"
+        where = f"{c['stage']} {MemoryCase(c['seconds'], c['stream'], c['rows'], c['served']).label} {c['sizes']}"
         figure = c["planned"] - HEAP_PACKING_BYTES  # the band is the figure's without the heap's allowance
         ratio = figure / max(c["measured"], 1)
         if c["measured"] < GRANULARITY:
