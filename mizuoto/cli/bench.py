@@ -110,9 +110,9 @@ def configure(p: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]
     p.add_argument("--memory-modes", metavar="MODE,...", type=_modes, default=["whole", "streamed"],
                    help="with --memory: whole, streamed or both (default both)")
     p.add_argument("--memory-served", action="store_true",
-                   help="with --memory and rows above 1: also run each batched case as a server runs it (its rows "
-                        "requests of spread lengths, each one's flow and vocoder calls on the batch loop's thread "
-                        "beside the rows still decoding)")
+                   help="with --memory and rows above 1: run the batched cases as a server runs them (each row a "
+                        "request of its own length, up to the case's, its flow and vocoder calls on the batch loop's "
+                        "thread beside the rows still decoding) instead of one batch of equal rows")
     add_load_arguments(p)
     p.add_argument("--bandwidth", type=float, help="the device's peak bandwidth in GB/s (overrides the lookup)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")

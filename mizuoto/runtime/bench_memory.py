@@ -144,11 +144,10 @@ def run_case(driver: Any, case: MemoryCase,
 def memory_cases(seconds: Sequence[float], modes: Sequence[bool], rows: Sequence[int],
                  served: bool = False) -> list[MemoryCase]:
     """`bench --memory`'s cases: each length in each mode (True: streamed), whole ones at each of `rows` LM rows
-    (`served`: the batched ones as a server runs them too)."""
+    (`served`: the batched ones as a server runs them, instead of one batch of equal rows)."""
     cases = [MemoryCase(s, stream) for s in seconds for stream in modes if stream or 1 in rows]
-    batched = [(s, n) for s in seconds for n in sorted(set(rows)) if n > 1 and False in modes]
-    return cases + [MemoryCase(s, False, n) for s, n in batched] + \
-        [MemoryCase(s, False, n, True) for s, n in batched if served]
+    batched = [n for n in sorted(set(rows)) if n > 1] if False in modes else []
+    return cases + [MemoryCase(s, False, n, served) for s in seconds for n in batched]
 
 
 def run_case_process(spec: dict[str, Any], timeout: float | None = None) -> list[dict[str, Any]]:

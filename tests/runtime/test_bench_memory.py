@@ -130,8 +130,8 @@ def test_the_cases_are_the_lengths_modes_and_rows_asked_for():
         MemoryCase(1, False), MemoryCase(1, True), MemoryCase(1, False, 8)]
     assert memory_cases([2], [streamed], [8]) == [MemoryCase(2, True)]  # a streamed request is one row
     assert memory_cases([1, 5], [whole, streamed], [1, 8], served=True) == [
-        MemoryCase(1, False), MemoryCase(1, True), MemoryCase(5, False), MemoryCase(5, True), MemoryCase(1, False, 8),
-        MemoryCase(5, False, 8), MemoryCase(1, False, 8, True), MemoryCase(5, False, 8, True)]
+        MemoryCase(1, False), MemoryCase(1, True), MemoryCase(5, False), MemoryCase(5, True),
+        MemoryCase(1, False, 8, served=True), MemoryCase(5, False, 8, served=True)]  # instead of the plain batches
     assert MemoryCase(60, False, 8, True).label == "60 s whole x8 served"
     for stream, rows in ((True, 8), (False, 1)):  # streamed, or no batch to serve
         with pytest.raises(InvalidRequest, match="served case"):
