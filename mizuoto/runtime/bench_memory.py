@@ -73,6 +73,8 @@ class CallRecorder:
     In a served case (`unmeasured`: the sequence stages) the rows' own reservations span their
     whole decoding, across the other requests' calls: they are not measured, and a call of another
     stage is measured while they are open (what the rows' steps add while it waits is in its figure).
+    Two requests' calls there take turns, so neither is lost as nested: the second waits for the
+    first's reservation to end, which it does once its call, already on the batch loop, has run.
     """
 
     def __init__(self, model: Any, device: Any, unmeasured: frozenset[str] = frozenset()):
@@ -81,6 +83,7 @@ class CallRecorder:
         self.on_call: Callable[[dict[str, Any]], None] | None = None  # told of each call as it is recorded
         self._lock = threading.Lock()
         self._open = 0
+        self._turn = threading.RLock() if unmeasured else contextlib.nullcontext()  # re-entered by nested ones
 
     @contextlib.contextmanager
     def place(self, stage: str, lease: Any = None) -> Iterator[Any]:
@@ -91,21 +94,23 @@ class CallRecorder:
         if stage in self.unmeasured:
             yield
             return
-        with self._lock:
-            self._open += 1
-            outer = self._open == 1
-        try:
-            if not outer:
-                yield
-                return
-            with measure_peak(self.device) as peak:
-                yield
-            self.calls.append({"stage": stage, "sizes": dict(sizes), "planned": int(working), "measured": peak[0]})
-            if self.on_call is not None:
-                self.on_call(self.calls[-1])
-        finally:
+        with self._turn:
             with self._lock:
-                self._open -= 1
+                self._open += 1
+                outer = self._open == 1
+            try:
+                if not outer:
+                    yield
+                    return
+                with measure_peak(self.device) as peak:
+                    yield
+                call = {"stage": stage, "sizes": dict(sizes), "planned": int(working), "measured": peak[0]}
+                self.calls.append(call)
+                if self.on_call is not None:
+                    self.on_call(call)
+            finally:
+                with self._lock:
+                    self._open -= 1
 
 
 def run_case(driver: Any, case: MemoryCase,

@@ -7,6 +7,7 @@ sample of their notes and really allocate them (float64 waves, then float32).
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -148,6 +149,31 @@ def test_a_served_case_measures_each_call_beside_the_rows_reservations():
             with recorder.reserve("voc", None, 2, {"frames": 3}):
                 pass
         assert [c["stage"] for c in recorder.calls] == recorded
+
+
+def test_two_requests_calls_in_a_served_case_take_turns_and_both_are_measured():
+    model = type("M", (), {"stages": ()})()
+    recorder = CallRecorder(model, torch.device("cpu"), frozenset({"lm"}))
+    first_in, release, second_in = threading.Event(), threading.Event(), threading.Event()
+
+    def first() -> None:
+        with recorder.reserve("voc", None, 2, {"frames": 1}):
+            first_in.set()
+            release.wait(10)
+
+    def second() -> None:
+        first_in.wait(10)
+        with recorder.reserve("voc", None, 2, {"frames": 2}):
+            second_in.set()
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    assert first_in.wait(10)
+    assert not second_in.wait(0.2)  # the second call waits for the first's reservation to end
+    release.set()
+    for t in threads:
+        t.join(10)
+    assert second_in.is_set() and [c["sizes"]["frames"] for c in recorder.calls] == [1, 2]
 
 
 def test_a_served_case_needs_a_driver_that_runs_one(tmp_path):
