@@ -32,6 +32,7 @@ from wyoming.info import Attribution, Describe, Info, TtsProgram, TtsVoice
 from wyoming.server import AsyncEventHandler, AsyncServer
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped, SynthesizeVoice
 
+from mizuoto import __version__
 from mizuoto.errors import InvalidRequest, MizuotoError
 from mizuoto.nn.dsp.wav import to_pcm16
 from mizuoto.server.errors import ApiError, from_exception
@@ -110,7 +111,7 @@ class WyomingService:
 
     def info(self) -> Info:
         """The answer to describe."""
-        program = TtsProgram(name="mizuoto", attribution=_ATTRIBUTION, installed=True, version=_version(),
+        program = TtsProgram(name="mizuoto", attribution=_ATTRIBUTION, installed=True, version=__version__,
                              description="Mizuoto speech runtime", voices=[v.wyoming() for v in self.voices()],
                              supports_synthesize_streaming=True)
         return Info(tts=[program])
@@ -165,15 +166,6 @@ class WyomingService:
         (a JSON-escaped surrogate pair) with 64 KiB for the other fields, and never more than an HTTP body."""
         config = self.state.config
         return min(config.max_body_bytes, 12 * config.max_input_chars + (64 << 10))
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("mizuoto")
-    except PackageNotFoundError:
-        return "dev"
 
 
 def _base(language: str) -> str:
