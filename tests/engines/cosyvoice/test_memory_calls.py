@@ -8,7 +8,7 @@ in a fresh process (`mizuoto.cli.memory_case`, the server's allocator settings),
 a time with a thread each. Streamed requests stop there for time: CosyVoice 2/3 stream by running
 the flow again over every token so far, so each call of a streamed request is at most the whole
 request's call, which the whole cases measure at every length; the 30 and 60 s streamed cases
-(minutes each on two cores) are in the calibration table of docs/memory.md. For each call:
+(many minutes to hours each on two cores) are in the calibration table of docs/memory.md. For each call:
 measured <= planned <= 1.3 x measured + HEAP_PACKING_BYTES (every figure carries that allowance for
 the heap's packing, which moves full-size calls by up to 12 MiB from one process to the next; the
 band is the figure's without it), except where the allocator keeps that from holding:
