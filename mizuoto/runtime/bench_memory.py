@@ -35,6 +35,7 @@ from mizuoto.runtime.memprobe import measure_peak
 
 SECONDS = (1, 5, 15, 30, 60)  # the lengths that matter (the issue's calibration set)
 WARMUP_SECONDS = 1
+TURN_WAIT_S = 3600.0  # the longest a served call waits for the one measured before it (one full-size call takes minutes)
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,11 @@ class MemoryCase:
         rows = f" x{self.rows}" if self.rows > 1 else ""
         return f"{self.seconds:g} s {'streamed' if self.stream else 'whole'}{rows}{' served' if self.served else ''}"
 
+    @classmethod
+    def of(cls, call: dict[str, Any]) -> MemoryCase:
+        """The case a recorded call (`run_case`'s dicts) was made in."""
+        return cls(call["seconds"], call["stream"], call["rows"], call.get("served", False))
+
 
 class CallRecorder:
     """The placement `bench --memory` gives the model's executor: stages run where their modules are,
@@ -74,7 +80,8 @@ class CallRecorder:
     whole decoding, across the other requests' calls: they are not measured, and a call of another
     stage is measured while they are open (what the rows' steps add while it waits is in its figure).
     Two requests' calls there take turns, so neither is lost as nested: the second waits for the
-    first's reservation to end, which it does once its call, already on the batch loop, has run.
+    first's reservation to end, which it does once its call, already on the batch loop, has run
+    (on its request's cancel or deadline where it has a lease, and at most `turn_timeout` seconds).
     """
 
     def __init__(self, model: Any, device: Any, unmeasured: frozenset[str] = frozenset()):
@@ -83,7 +90,10 @@ class CallRecorder:
         self.on_call: Callable[[dict[str, Any]], None] | None = None  # told of each call as it is recorded
         self._lock = threading.Lock()
         self._open = 0
-        self._turn = threading.RLock() if unmeasured else contextlib.nullcontext()  # re-entered by nested ones
+        self.turn_timeout = TURN_WAIT_S
+        self._turn = threading.Condition()
+        self._owner: int | None = None  # the thread whose call is measured now (its nested calls re-enter)
+        self._depth = 0
 
     @contextlib.contextmanager
     def place(self, stage: str, lease: Any = None) -> Iterator[Any]:
@@ -94,7 +104,7 @@ class CallRecorder:
         if stage in self.unmeasured:
             yield
             return
-        with self._turn:
+        with self._taking_turns(stage, lease):
             with self._lock:
                 self._open += 1
                 outer = self._open == 1
@@ -111,6 +121,31 @@ class CallRecorder:
             finally:
                 with self._lock:
                     self._open -= 1
+
+    @contextlib.contextmanager
+    def _taking_turns(self, stage: str, lease: Any) -> Iterator[None]:
+        """In a served case: the block once no other thread's call is being measured (re-entered by nested calls)."""
+        if not self.unmeasured:
+            yield
+            return
+        me = threading.get_ident()
+        with self._turn:
+            def free() -> bool:
+                return self._owner in (None, me)
+            if lease is not None:
+                lease.wait_for(self._turn, free, f"while its {stage} call waited for its turn to be measured")
+            elif not self._turn.wait_for(free, self.turn_timeout):
+                raise MizuotoError(f"bench --memory: a {stage} call waited more than {self.turn_timeout:g} s for "
+                                   "the call measured before it to end")
+            self._owner, self._depth = me, self._depth + 1
+        try:
+            yield
+        finally:
+            with self._turn:
+                self._depth -= 1
+                if not self._depth:
+                    self._owner = None
+                    self._turn.notify_all()
 
 
 def run_case(driver: Any, case: MemoryCase,
@@ -202,9 +237,9 @@ def summarize(calls: Sequence[dict[str, Any]], ratio: float = 1.3,
     for c in calls:
         groups.setdefault((c["seconds"], c["stream"], c["rows"], c.get("served", False), c["stage"]), []).append(c)
     rows = []
-    for (seconds, stream, n, served, stage), cs in groups.items():
+    for (*_, stage), cs in groups.items():
         ratios = [(c["planned"] - allowance) / c["measured"] if c["measured"] else float("inf") for c in cs]
-        rows.append({"case": MemoryCase(seconds, stream, n, served).label, "stage": stage, "calls": len(cs),
+        rows.append({"case": MemoryCase.of(cs[0]).label, "stage": stage, "calls": len(cs),
                      "planned": max(c["planned"] for c in cs), "measured": max(c["measured"] for c in cs),
                      "ratio_min": min(ratios), "ratio_max": max(ratios),
                      "within": all(c["measured"] <= c["planned"] for c in cs) and max(ratios) <= ratio})

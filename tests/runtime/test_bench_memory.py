@@ -14,11 +14,12 @@ import pytest
 import torch
 
 from mizuoto.cli.main import main as cli_main
-from mizuoto.errors import InvalidRequest, MizuotoError
+from mizuoto.errors import InvalidRequest, MizuotoError, RequestCancelled
 from mizuoto.nn.memory import HEAP_PACKING_BYTES
 from mizuoto.runtime.bench_memory import (CallRecorder, MemoryCase, call_line, format_memory, memory_cases, run_case,
                                           run_case_process, summarize)
 from mizuoto.runtime.engine import SynthesisRequest
+from mizuoto.runtime.lease import Lease
 from mizuoto.runtime.memprobe import measure_peak
 from mizuoto.testing.toy import NOTE_SECONDS, ToneEngine, write_model
 
@@ -174,6 +175,36 @@ def test_two_requests_calls_in_a_served_case_take_turns_and_both_are_measured():
     for t in threads:
         t.join(10)
     assert second_in.is_set() and [c["sizes"]["frames"] for c in recorder.calls] == [1, 2]
+
+
+def test_a_served_call_waiting_for_its_turn_ends_on_its_cancel_or_past_the_turn_timeout():
+    model = type("M", (), {"stages": ()})()
+    recorder = CallRecorder(model, torch.device("cpu"), frozenset({"lm"}))
+    recorder.turn_timeout = 0.2
+    held, release = threading.Event(), threading.Event()
+
+    def first() -> None:
+        with recorder.reserve("voc", None, 2, {"frames": 1}):
+            held.set()
+            release.wait(10)
+    thread = threading.Thread(target=first)
+    thread.start()
+    try:
+        assert held.wait(10)
+        lease = Lease()
+        lease.cancel("by the test")
+        with pytest.raises(RequestCancelled, match="waited for its turn"):
+            with recorder.reserve("flow", lease, 2, {"frames": 2}):
+                pass
+        with pytest.raises(MizuotoError, match="waited more than 0.2 s"):
+            with recorder.reserve("flow", None, 2, {"frames": 3}):
+                pass
+    finally:
+        release.set()
+        thread.join(10)
+    with recorder.reserve("flow", None, 2, {"frames": 4}):  # the turn is free again
+        pass
+    assert [c["sizes"]["frames"] for c in recorder.calls] == [1, 4]
 
 
 def test_a_served_case_needs_a_driver_that_runs_one(tmp_path):

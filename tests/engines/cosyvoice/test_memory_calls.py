@@ -81,13 +81,13 @@ def measured(assembled, tmp_path_factory):
 def test_every_stage_call_is_planned_within_its_measured_peak(measured, variant_dir):
     calls = measured[variant_dir]
     assert {c["stage"] for c in calls} == {"llm", "flow", "hift"}
-    assert {MemoryCase(c["seconds"], c["stream"], c["rows"], c["served"]) for c in calls} == set(cases_of(variant_dir))
+    assert {MemoryCase.of(c) for c in calls} == set(cases_of(variant_dir))
     served = [c for c in calls if c["served"]]  # each row's own flow and vocoder call; the rows' LM is not measured
     assert {c["stage"] for c in served} <= {"flow", "hift"}
     assert len({c["sizes"]["frames"] for c in served if c["stage"] == "flow"}) == (BATCH_ROWS if served else 0)
     small, scattered, wrong = [], [], []
     for c in calls:
-        where = f"{c['stage']} {MemoryCase(c['seconds'], c['stream'], c['rows'], c['served']).label} {c['sizes']}"
+        where = f"{c['stage']} {MemoryCase.of(c).label} {c['sizes']}"
         figure = c["planned"] - HEAP_PACKING_BYTES  # the band is the figure's without the heap's allowance
         ratio = figure / max(c["measured"], 1)
         if c["measured"] < GRANULARITY:
