@@ -35,7 +35,7 @@ from mizuoto.runtime.memprobe import measure_peak
 
 SECONDS = (1, 5, 15, 30, 60)  # the lengths that matter (the issue's calibration set)
 WARMUP_SECONDS = 1
-TURN_WAIT_S = 3600.0  # the longest a served call waits for the one measured before it (one full-size call takes minutes)
+TURN_WAIT_S = 3600.0  # the longest a served call waits for the one measured before it (a full-size call: minutes)
 
 
 @dataclass(frozen=True)
@@ -233,13 +233,13 @@ def summarize(calls: Sequence[dict[str, Any]], ratio: float = 1.3,
     The band's ratio is the figure less the heap's `allowance` (which every figure carries) over the
     measured peak; a group is within when every call measured at most its figure and at most `ratio`.
     """
-    groups: dict[tuple, list[dict[str, Any]]] = {}
+    groups: dict[tuple[MemoryCase, str], list[dict[str, Any]]] = {}
     for c in calls:
-        groups.setdefault((c["seconds"], c["stream"], c["rows"], c.get("served", False), c["stage"]), []).append(c)
+        groups.setdefault((MemoryCase.of(c), c["stage"]), []).append(c)
     rows = []
-    for (*_, stage), cs in groups.items():
+    for (case, stage), cs in groups.items():
         ratios = [(c["planned"] - allowance) / c["measured"] if c["measured"] else float("inf") for c in cs]
-        rows.append({"case": MemoryCase.of(cs[0]).label, "stage": stage, "calls": len(cs),
+        rows.append({"case": case.label, "stage": stage, "calls": len(cs),
                      "planned": max(c["planned"] for c in cs), "measured": max(c["measured"] for c in cs),
                      "ratio_min": min(ratios), "ratio_max": max(ratios),
                      "within": all(c["measured"] <= c["planned"] for c in cs) and max(ratios) <= ratio})
