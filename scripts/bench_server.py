@@ -25,6 +25,7 @@ import socket
 import statistics
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
@@ -78,14 +79,12 @@ def run_clients(call, n: int, workers: int) -> tuple[list[float], float, float]:
                 call(client)
                 times.append(time.perf_counter() - t0)
 
-    threads = [threading.Thread(target=worker) for _ in range(workers)]
-    machine, own = busy_seconds()
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - start
+    with ThreadPoolExecutor(workers) as pool:
+        machine, own = busy_seconds()
+        start = time.perf_counter()
+        for done in [pool.submit(worker) for _ in range(workers)]:
+            done.result()  # a worker's error ends the run with its own traceback
+        wall = time.perf_counter() - start
     assert len(times) == n, f"{n - len(times)} requests failed"
     machine_after, own_after = busy_seconds()
     return times, wall, max(0.0, (machine_after - machine) - (own_after - own)) / wall

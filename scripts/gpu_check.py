@@ -33,8 +33,8 @@ import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -220,21 +220,17 @@ def check_batch(device: torch.device, tokens: int, seeds: int, levels: list[int]
                                                 workdir, ASSETS)
         driver.use_batch(True)
 
-        def draw(driver, seed: int, out: dict) -> None:
-            out[seed] = list(driver.synthesizer(tokens).lm_tokens(driver.inputs, new_generator(device, seed)))
+        def draw(seed: int, driver=driver) -> list[int]:
+            return list(driver.synthesizer(tokens).lm_tokens(driver.inputs, new_generator(device, seed)))
 
-        draw(driver, 0, {})  # warm-up: the batch loop starts (and captures its graphs at its first step)
-        got: dict = {}
-        threads = [threading.Thread(target=draw, args=(driver, s, got)) for s in range(seeds)]
-        start = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        wall = time.perf_counter() - start
+        draw(0)  # warm-up: the batch loop starts (and captures its graphs at its first step)
+        with ThreadPoolExecutor(seeds) as pool:
+            start = time.perf_counter()
+            got = list(pool.map(draw, range(seeds)))
+            wall = time.perf_counter() - start
         batcher = driver.model.batcher
         mode = "graphs" if graphs else "eager"
-        runs[mode] = [got[s] for s in range(seeds)]
+        runs[mode] = got
         row = {"lm_tokens_per_s": seeds * tokens / wall, "captured": batcher.batch_step.captured,
                "captures": batcher.batch_step.captures, "batch": batcher.stats()}
         if graphs and device.type == "cuda":

@@ -1,10 +1,13 @@
-"""A test helper: how long a blocked wait takes to end once its request's lease is cancelled."""
+"""Test helpers for waits: how long a blocked wait takes to end once its request's lease is cancelled, and
+a context held by another thread while a test makes something wait for it."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 
@@ -35,3 +38,35 @@ def cancel_during(wait: Callable[[], Any], lease: Any, waiting: Callable[[], boo
     assert outcome, f"the wait did not end within {timeout} s of its cancel"
     error, ended = outcome[0]
     return error, ended - cancelled_at
+
+
+@contextlib.contextmanager
+def held_elsewhere(hold: Callable[[], AbstractContextManager], timeout: float = 10.0) -> Iterator[None]:
+    """While the block runs, another thread is inside `hold()`'s context; at the block's end it leaves and is joined.
+
+    What the thread raises entering or leaving the context is raised here.
+    """
+    entered, release, failed = threading.Event(), threading.Event(), []
+
+    def run() -> None:
+        try:
+            with hold():
+                entered.set()
+                release.wait(3 * timeout)
+        except BaseException as e:  # handed to the test
+            failed.append(e)
+            entered.set()
+
+    t = threading.Thread(target=run, name="held-elsewhere")
+    t.start()
+    try:
+        assert entered.wait(timeout), f"the other thread did not enter its context within {timeout} s"
+        if failed:
+            raise failed[0]
+        yield
+    finally:
+        release.set()
+        t.join(timeout)
+    assert not t.is_alive(), f"the other thread did not leave its context within {timeout} s"
+    if failed:
+        raise failed[0]

@@ -1,5 +1,6 @@
 """Runtime API on the tone engine: loading, detection errors, requests, voices, memory admission."""
 
+import contextlib
 import threading
 import time
 from dataclasses import replace
@@ -12,6 +13,7 @@ from mizuoto.runtime.engine import Capabilities, Reference, SynthesisRequest
 from mizuoto.errors import AudioError, InvalidRequest, MemoryBudgetError, ModelLoadError
 from mizuoto.runtime.memory import plan_model
 from mizuoto.testing.toy import CHUNK_NOTES, NOTE_SECONDS, ToneEngine, ToneModel, write_model
+from mizuoto.testing.waits import held_elsewhere
 
 
 def _audio(chunks):
@@ -375,25 +377,16 @@ def test_a_deadline_ends_a_wait_for_the_models_turn(rt, tone_dir):
     from mizuoto.runtime.lease import Lease
 
     name = rt.load(tone_dir)
-    holding, release = threading.Event(), threading.Event()
 
-    def long_one():
+    def long_one():  # a streamed request that has begun speaking holds the model's turn until it is closed
         chunks = rt.synthesize(name, "a long enough text", voice="low", seed=1, stream=True)
         next(chunks)
-        holding.set()
-        release.wait(30)
-        chunks.close()
-    t = threading.Thread(target=long_one)
-    t.start()
-    try:
-        assert holding.wait(10)
+        return contextlib.closing(chunks)
+    with held_elsewhere(long_one):
         start = time.monotonic()
         with pytest.raises(DeadlineExceeded, match="waiting for its turn"):
             next(rt.synthesize(name, "hi", voice="low", lease=Lease(0.3)))
         assert time.monotonic() - start < 1.3
-    finally:
-        release.set()
-        t.join(10)
     assert rt.pins(name) == 0
 
 

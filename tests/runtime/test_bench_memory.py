@@ -22,7 +22,7 @@ from mizuoto.runtime.engine import SynthesisRequest
 from mizuoto.runtime.lease import Lease
 from mizuoto.runtime.memprobe import measure_peak
 from mizuoto.testing.toy import NOTE_SECONDS, ToneEngine, write_model
-from mizuoto.testing.waits import cancel_during
+from mizuoto.testing.waits import cancel_during, held_elsewhere
 
 
 class ToneMemoryDriver:
@@ -156,25 +156,16 @@ def test_a_served_case_measures_each_call_beside_the_rows_reservations():
 def test_two_requests_calls_in_a_served_case_take_turns_and_both_are_measured():
     model = type("M", (), {"stages": ()})()
     recorder = CallRecorder(model, torch.device("cpu"), frozenset({"lm"}))
-    first_in, release, second_in = threading.Event(), threading.Event(), threading.Event()
-
-    def first() -> None:
-        with recorder.reserve("voc", None, 2, {"frames": 1}):
-            first_in.set()
-            release.wait(10)
+    second_in = threading.Event()
 
     def second() -> None:
-        first_in.wait(10)
         with recorder.reserve("voc", None, 2, {"frames": 2}):
             second_in.set()
-    threads = [threading.Thread(target=first), threading.Thread(target=second)]
-    for t in threads:
-        t.start()
-    assert first_in.wait(10)
-    assert not second_in.wait(0.2)  # the second call waits for the first's reservation to end
-    release.set()
-    for t in threads:
-        t.join(10)
+    thread = threading.Thread(target=second)
+    with held_elsewhere(lambda: recorder.reserve("voc", None, 2, {"frames": 1})):
+        thread.start()
+        assert not second_in.wait(0.2)  # the second call waits for the first's reservation to end
+    thread.join(10)
     assert second_in.is_set() and [c["sizes"]["frames"] for c in recorder.calls] == [1, 2]
 
 
@@ -182,30 +173,17 @@ def test_a_served_call_waiting_for_its_turn_ends_on_its_cancel_or_past_the_turn_
     model = type("M", (), {"stages": ()})()
     recorder = CallRecorder(model, torch.device("cpu"), frozenset({"lm"}))
     recorder.turn_timeout = 0.2
-    held, release = threading.Event(), threading.Event()
 
-    def first() -> None:
-        with recorder.reserve("voc", None, 2, {"frames": 1}):
-            held.set()
-            release.wait(10)
-    thread = threading.Thread(target=first)
-    thread.start()
-    try:
-        assert held.wait(10)
+    def measured(lease: Lease | None, frames: int) -> None:
+        with recorder.reserve("flow", lease, 2, {"frames": frames}):
+            pass
+    with held_elsewhere(lambda: recorder.reserve("voc", None, 2, {"frames": 1})):
         lease = Lease()
-
-        def measured(lease: Lease | None, frames: int) -> None:
-            with recorder.reserve("flow", lease, 2, {"frames": frames}):
-                pass
         error, took = cancel_during(lambda: measured(lease, 2), lease)  # cancelled while it waits
         assert isinstance(error, RequestCancelled) and "waited for its turn" in str(error) and took < 1
         with pytest.raises(MizuotoError, match="waited more than 0.2 s"):
             measured(None, 3)
-    finally:
-        release.set()
-        thread.join(10)
-    with recorder.reserve("flow", None, 2, {"frames": 4}):  # the turn is free again
-        pass
+    measured(None, 4)  # the turn is free again
     assert [c["sizes"]["frames"] for c in recorder.calls] == [1, 4]
 
 

@@ -264,23 +264,11 @@ def test_a_request_runs_on_the_models_executor_and_its_lease_stops_it(tone_dir):
 
 def test_a_cancel_ends_the_wait_for_a_turn(tone_dir):
     """A request queued behind a long one does not wait it out once it is cancelled."""
-    import threading
-
     from mizuoto.errors import RequestCancelled
-    from mizuoto.testing.waits import cancel_during
+    from mizuoto.testing.waits import cancel_during, held_elsewhere
 
     model, sched, plan = _setup(tone_dir, stream=False, pinned=())
-    entered, release = threading.Event(), threading.Event()
-
-    def long_one():
-        with sched.hold(Lease()):
-            entered.set()
-            release.wait(30)
-
-    holder = threading.Thread(target=long_one)
-    holder.start()
-    try:
-        assert entered.wait(10)
+    with held_elsewhere(lambda: sched.hold(Lease())):  # the long one
         lease = Lease()
 
         def queued():
@@ -289,7 +277,4 @@ def test_a_cancel_ends_the_wait_for_a_turn(tone_dir):
         error, took = cancel_during(queued, lease, lambda: sched.waiting > 0, settle=0.0)
         assert isinstance(error, RequestCancelled) and "waiting for its turn" in str(error) and took < 1.0
         assert sched.waiting == 0 and sched.running == 1
-    finally:
-        release.set()
-        holder.join(10)
     assert sched.running == 0

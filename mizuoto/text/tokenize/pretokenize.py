@@ -84,34 +84,27 @@ def _classes() -> tuple[str, str, str]:
     return _class_body(ranges["L"]), _class_body(ranges["N"]), _class_body(_WHITESPACE)
 
 
+def _split(*alternatives: str) -> re.Pattern:
+    """A byte-level BPE split regex: `alternatives` (L, N, S stand for the classes), then the
+    whitespace rules both patterns end with: a run that leaves its last space to the next piece,
+    else the whole run."""
+    L, N, S = _classes()
+    tail = ("[{S}]+(?![^{S}])", "[{S}]+")
+    return re.compile("|".join(a.format(L=L, N=N, S=S) for a in (*alternatives, *tail)))
+
+
 @lru_cache(maxsize=None)
 def qwen2_pattern() -> re.Pattern:
     """Qwen2's split regex: case-insensitive contractions, letter runs with one optional
     leading non-letter, single digits, punctuation runs with trailing newlines, whitespace."""
-    L, N, S = _classes()
-    return re.compile(
-        "(?i:'s|'t|'re|'ve|'m|'ll|'d)"
-        f"|[^\\r\\n{L}{N}]?[{L}]+"
-        f"|[{N}]"
-        f"| ?[^{S}{L}{N}]+[\\r\\n]*"
-        f"|[{S}]*[\\r\\n]+"
-        f"|[{S}]+(?![^{S}])"
-        f"|[{S}]+"
-    )
+    return _split("(?i:'s|'t|'re|'ve|'m|'ll|'d)", "[^\\r\\n{L}{N}]?[{L}]+", "[{N}]", " ?[^{S}{L}{N}]+[\\r\\n]*",
+                  "[{S}]*[\\r\\n]+")
 
 
 @lru_cache(maxsize=None)
 def gpt2_pattern() -> re.Pattern:
     """GPT-2's split regex as whisper's tiktoken encoding uses it (case-sensitive contractions)."""
-    L, N, S = _classes()
-    return re.compile(
-        "'s|'t|'re|'ve|'m|'ll|'d"
-        f"| ?[{L}]+"
-        f"| ?[{N}]+"
-        f"| ?[^{S}{L}{N}]+"
-        f"|[{S}]+(?![^{S}])"
-        f"|[{S}]+"
-    )
+    return _split("'s|'t|'re|'ve|'m|'ll|'d", " ?[{L}]+", " ?[{N}]+", " ?[^{S}{L}{N}]+")
 
 
 @lru_cache(maxsize=None)

@@ -150,17 +150,22 @@ def fbank(waveform: torch.Tensor, *, num_mel_bins: int = 23, dither: float = 0.0
 # ---------------------------------------------------------------- STFT transforms (perth)
 
 
+def _frame(module, n_fft, win_length, hop_length, window_fn, wkwargs):
+    """torchaudio's defaults for the STFT's frame: window n_fft long, hop half the window."""
+    module.n_fft = n_fft
+    module.win_length = win_length if win_length is not None else n_fft
+    module.hop_length = hop_length if hop_length is not None else module.win_length // 2
+    window = window_fn(module.win_length) if wkwargs is None else window_fn(module.win_length, **wkwargs)
+    module.register_buffer("window", window)
+
+
 class Spectrogram(nn.Module):
     def __init__(self, n_fft=400, win_length=None, hop_length=None, pad=0, window_fn=torch.hann_window, power=2.0,
                  normalized=False, wkwargs=None, center=True, pad_mode="reflect", onesided=True):
         super().__init__()
         if power is not None or normalized or pad:
             raise NotImplementedError("torchaudio stub: only Spectrogram(power=None, normalized=False, pad=0)")
-        self.n_fft = n_fft
-        self.win_length = win_length if win_length is not None else n_fft
-        self.hop_length = hop_length if hop_length is not None else self.win_length // 2
-        window = window_fn(self.win_length) if wkwargs is None else window_fn(self.win_length, **wkwargs)
-        self.register_buffer("window", window)
+        _frame(self, n_fft, win_length, hop_length, window_fn, wkwargs)
         self.center, self.pad_mode, self.onesided = center, pad_mode, onesided
 
     def forward(self, waveform):
@@ -178,11 +183,7 @@ class InverseSpectrogram(nn.Module):
         super().__init__()
         if normalized or pad:
             raise NotImplementedError("torchaudio stub: only InverseSpectrogram(normalized=False, pad=0)")
-        self.n_fft = n_fft
-        self.win_length = win_length if win_length is not None else n_fft
-        self.hop_length = hop_length if hop_length is not None else self.win_length // 2
-        window = window_fn(self.win_length) if wkwargs is None else window_fn(self.win_length, **wkwargs)
-        self.register_buffer("window", window)
+        _frame(self, n_fft, win_length, hop_length, window_fn, wkwargs)
         self.center, self.onesided = center, onesided
 
     def forward(self, spectrogram, length=None):
