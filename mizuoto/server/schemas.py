@@ -43,8 +43,11 @@ def _fail(message: str, field: str | None = None) -> PydanticCustomError:
     return PydanticCustomError("mizuoto", "{message}", {"message": message, "field": field})
 
 
-def check_text(value: str, name: str) -> None:
-    """A 400 for text that cannot be spoken or encoded: lone surrogates and NUL characters."""
+def check_text(value: str, name: str, limit: int | None = None, so_far: int = 0) -> None:
+    """A 400 for text that cannot be spoken or encoded (lone surrogates, NUL characters), or that takes the
+    characters sent so far (`so_far`, of a text sent in pieces) past `limit`."""
+    if limit is not None and so_far + len(value) > limit:
+        raise ApiError(400, f"field '{name}' has {so_far + len(value)} characters; the limit is {limit}", name)
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as e:
@@ -62,10 +65,8 @@ def _text(value: Any, info: ValidationInfo, limit: int | None = None) -> Any:
         raise _fail(f"field '{name}' must be a string, got {type(value).__name__}")
     if not value.strip():
         raise _fail(f"field '{name}' is empty")
-    if limit is not None and len(value) > limit:
-        raise _fail(f"field '{name}' has {len(value)} characters; the limit is {limit}")
     try:
-        check_text(value, name)
+        check_text(value, name, limit)
     except ApiError as e:
         raise _fail(e.message) from None
     return value

@@ -91,8 +91,9 @@ async def _message(ws, idle: float, end: float | None = None, total: float = 0.0
     return data
 
 
-async def _next_text(ws, state: ServerState, end: float | None = None) -> str | None:
-    """The next input_text.append's text, or None at input_text.done (refused past `end`)."""
+async def _next_text(ws, state: ServerState, end: float | None = None, so_far: int = 0) -> str | None:
+    """The next input_text.append's text, or None at input_text.done (refused past `end`, or past the length
+    limit with the `so_far` characters before it)."""
     msg = await _message(ws, state.config.idle_timeout, end, state.config.body_timeout)
     if msg["type"] == "input_text.done":
         return None
@@ -101,7 +102,7 @@ async def _next_text(ws, state: ServerState, end: float | None = None) -> str | 
     text = msg.get("text")
     if not isinstance(text, str):
         raise ApiError(400, "input_text.append needs a string 'text'", "text")
-    check_text(text, "text")
+    check_text(text, "text", state.config.max_input_chars, so_far)
     return text
 
 
@@ -110,10 +111,8 @@ async def _read_text(ws, state: ServerState, into: TextFeed | list, chars: int =
     text has --body-timeout from now, as a request body has."""
     end = time.monotonic() + state.config.body_timeout
     try:
-        while (text := await _next_text(ws, state, end)) is not None:
+        while (text := await _next_text(ws, state, end, chars)) is not None:
             chars += len(text)
-            if chars > state.config.max_input_chars:
-                raise ApiError(400, f"text exceeds {state.config.max_input_chars} characters", "text")
             (into.put if isinstance(into, TextFeed) else into.append)(text)
     except BaseException:
         if isinstance(into, TextFeed):
@@ -151,8 +150,6 @@ async def session(ws, state: ServerState) -> None:
             first = await _next_text(ws, state)
             if first is None:
                 raise ApiError(400, "no text was sent", "text")
-            if len(first) > state.config.max_input_chars:
-                raise ApiError(400, f"text exceeds {state.config.max_input_chars} characters", "text")
             feed.put(first)
             pull = Pull(state, start_job(state, p, True, feed), p.model, None)
             reader = asyncio.ensure_future(_read_text(ws, state, feed, len(first)))

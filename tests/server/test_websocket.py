@@ -122,3 +122,27 @@ def test_a_text_feed_ends_its_wait_for_more_text_with_its_jobs_lease():
     assert next(pieces) == "a piece"
     error, took = cancel_during(lambda: next(pieces), lease)
     assert isinstance(error, Cancelled) and took < 1.0
+
+
+@pytest.mark.parametrize("cut", [lambda n: [n + 1], lambda n: [n // 2, n - n // 2 + 1]], ids=["one-piece", "in-all"])
+def test_a_sessions_text_past_the_length_limit_ends_it_with_an_error(server, h, client, cut):
+    """The limit holds for the whole text however it is cut: the piece that passes it ends the session (1008)."""
+    from websockets.exceptions import ConnectionClosed
+
+    limit = server.server.state.config.max_input_chars
+    pieces = cut(limit)  # past the limit by one character in all
+    with _ws(server) as ws:
+        ws.send(json.dumps({"type": "session.start", "model": "tone"}))
+        json.loads(ws.recv(timeout=10))
+        for n in pieces:
+            ws.send(json.dumps({"type": "input_text.append", "text": "a" * n}))
+        msg = ws.recv(timeout=30)
+        while isinstance(msg, bytes):  # audio of the first pieces may come before the error
+            msg = ws.recv(timeout=30)
+        with pytest.raises(ConnectionClosed):
+            ws.recv(timeout=10)
+    error = json.loads(msg)["error"]
+    assert error["code"] == 400 and error["param"] == "text", error
+    assert f"has {sum(pieces)} characters; the limit is {limit}" in error["message"], error
+    assert ws.close_code == 1008
+    h.wait_idle(client)
