@@ -37,5 +37,9 @@ class ModelUnloaded(InvalidRequest):
     """The model named was unloaded (by its owner, or evicted by the planner to make room for another)."""
 
 
+class ModelBusy(InvalidRequest):
+    """The model is running a request, so it cannot be unloaded now."""
+
+
 class DeadlineExceeded(RequestCancelled):
     """A request ran past its deadline; it stops as a cancelled one does."""

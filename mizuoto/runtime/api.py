@@ -17,8 +17,8 @@ import torch
 from mizuoto.runtime.engine import (AudioChunk, Capabilities, Model, SynthesisRequest, Voice, check_request)
 from mizuoto.runtime.hub import is_repo_id, resolve_model
 from mizuoto.runtime.voicestore import ModelIdentity, VoiceStore
-from mizuoto.errors import (InvalidRequest, MemoryBudgetError, MizuotoError, ModelLoadError, ModelUnloaded,
-                             RequestTooLarge)
+from mizuoto.errors import (InvalidRequest, MemoryBudgetError, MizuotoError, ModelBusy, ModelLoadError,
+                             ModelUnloaded, RequestTooLarge)
 from mizuoto.runtime.executor import Executor
 from mizuoto.runtime.lease import Lease
 from mizuoto.runtime.memory import Eviction, Plan, Pool, detect_budget, measure, parse_bytes, peak_of, plan_model
@@ -230,7 +230,7 @@ class Runtime(VoiceMethods):
         with self._lock:
             loaded = self._get(model)
             if self._pins.get(model) or loaded.scheduler.busy:
-                raise InvalidRequest(f"model {model} is running a request; finish or close it first")
+                raise ModelBusy(f"model {model} is running a request; finish or close it first")
             self._pool(loaded.options.device).release(loaded.name)
             self._forget(loaded)
         self._close(loaded)

@@ -94,11 +94,10 @@ class Scheduler:
         """Requests waiting to hold the model."""
         return len(self._queue)
 
-    def together(self, joiner: tuple[int, int] | None = None) -> int:
-        """Device bytes the holders (and `joiner`, as (peak, reserve)) need at once: each one's peak beside
-        the others' reserves, at the largest."""
+    def together(self) -> int:
+        """Device bytes the holders need at once: each one's peak beside the others' reserves, at the largest."""
         with self._cond:
-            rows = [*self._owners.values(), *([joiner] if joiner else [])]
+            rows = list(self._owners.values())
         if not rows:
             return 0
         return max(p - r for p, r in rows) + sum(r for _, r in rows)

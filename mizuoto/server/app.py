@@ -20,6 +20,7 @@ from fastapi.security import HTTPBearer
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.staticfiles import StaticFiles
 
 from mizuoto import __version__
 from mizuoto.errors import MizuotoError
@@ -125,7 +126,7 @@ async def _speech(request: Request) -> Response:
     pull = speech.Pull(state, job, p.model, request)
     try:
         if p.stream_format is None:
-            body, rate = await speech.whole(state, p, pull)
+            body, rate = await speech.whole(p, pull)
             return Response(body, media_type=speech.media_type(p), headers=speech.headers(p, rate))
         first = await pull.next()
         if first is None:
@@ -186,14 +187,7 @@ async def _load(request: Request) -> Response:
 async def _unload(request: Request) -> Response:
     state = _state(request)
     name = request.state.model = (await _json_body(request, schemas.UnloadRequest, ADMIN_BODY_BYTES)).model
-    try:
-        await in_fresh_thread(state.unload, name)
-    except ApiError:
-        raise
-    except Exception as e:
-        if "running a request" in str(e):
-            raise ApiError(409, str(e), "model") from None
-        raise
+    await in_fresh_thread(state.unload, name)  # a model running a request: ModelBusy, a 409
     return JSONResponse({"id": name, "object": "model", "loaded": False})
 
 
@@ -433,7 +427,7 @@ def create_app(runtime: Any, config: ServerConfig | None = None, models: dict[st
         app.add_api_route(path, handler, methods=[method], name=name, dependencies=[Depends(d) for d in needs],
                           **{"response_class": JSONResponse, **doc})
     app.add_api_websocket_route("/v1/audio/speech/stream", _ws)
-    app.mount("/web", page.static_files(), name="web")
+    app.mount("/web", StaticFiles(directory=page.WEB_DIR), name="web")  # the page's scripts and style
     app.add_middleware(_Answers)
     app.state.mizuoto = state
     app.openapi = lambda: _document(app, state)

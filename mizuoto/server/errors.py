@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mizuoto.errors import (AudioError, DeadlineExceeded, InvalidRequest, MemoryBudgetError, MizuotoError,
+from mizuoto.errors import (AudioError, DeadlineExceeded, InvalidRequest, MemoryBudgetError, MizuotoError, ModelBusy,
                             ModelLoadError, RequestTooLarge)
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
@@ -49,6 +49,8 @@ def from_exception(e: BaseException, param: str | None = None) -> ApiError:
         return past_deadline()
     if isinstance(e, RequestTooLarge):
         return ApiError(413, str(e), param or "input")
+    if isinstance(e, ModelBusy):
+        return ApiError(409, str(e), param or "model")
     if is_out_of_memory(e):
         return ApiError(507, f"out of memory: {e}" if str(e) else "out of memory while running the request")
     if isinstance(e, (InvalidRequest, AudioError)):

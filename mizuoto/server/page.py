@@ -6,7 +6,6 @@ from pathlib import Path
 
 from starlette.requests import Request
 from starlette.responses import FileResponse, Response
-from starlette.staticfiles import StaticFiles
 
 WEB_DIR = Path(__file__).with_name("web")
 
@@ -15,8 +14,3 @@ async def index(request: Request) -> Response:
     """The page itself."""
     return FileResponse(WEB_DIR / "index.html", media_type="text/html; charset=utf-8",
                         headers={"Cache-Control": "no-cache"})
-
-
-def static_files() -> StaticFiles:
-    """The page's scripts and style, mounted at /web."""
-    return StaticFiles(directory=WEB_DIR)

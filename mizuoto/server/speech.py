@@ -208,7 +208,7 @@ def headers(p: Any, rate: int) -> dict:
     return {"X-Sample-Rate": str(rate), "X-Mizuoto-Model": p.model}
 
 
-async def whole(state: ServerState, p: Any, pull: Pull) -> tuple[bytes, int]:
+async def whole(p: Any, pull: Pull) -> tuple[bytes, int]:
     """Every chunk, encoded as one file."""
     chunks = []
     while (chunk := await pull.next()) is not None:

@@ -188,8 +188,8 @@ def _voice_of(event: Event) -> SynthesizeVoice | None:
 class _Stream:
     """One synthesize-start ... synthesize-stop: text goes into the job as it arrives, audio out as it is made."""
 
-    def __init__(self, handler: WyomingHandler, voice: VoiceEntry, params: Any, stream_in: bool):
-        self.handler, self.voice, self.params, self.stream_in = handler, voice, params, stream_in
+    def __init__(self, handler: WyomingHandler, params: Any, stream_in: bool):
+        self.handler, self.params, self.stream_in = handler, params, stream_in
         self.feed = TextFeed()
         self.pieces: list[str] = []
         self.chars = 0
@@ -338,7 +338,7 @@ class WyomingHandler(AsyncEventHandler):
             params = service.params(voice)
             await in_fresh_thread(service.state.ensure_loaded, voice.model)
             stream_in = service.state.runtime.model(voice.model).capabilities.stream_in
-            self.stream, self.dropping = _Stream(self, voice, params, stream_in), False
+            self.stream, self.dropping = _Stream(self, params, stream_in), False
         elif SynthesizeChunk.is_type(event.type):
             if self.dropping:
                 return

@@ -1,5 +1,7 @@
 """Model management over HTTP: load/unload, and a memory budget that forces eviction (and reload on use)."""
 
+import time
+
 import httpx
 import numpy as np
 import pytest
@@ -137,3 +139,30 @@ def test_model_paths_are_for_the_admin_only(budget_server):
     assert anonymous and all("path" not in m for m in anonymous)
     wrong = c.get("/v1/models", headers={"Authorization": "Bearer not-the-key"}).json()["data"]
     assert all("path" not in m for m in wrong)
+
+
+def test_unloading_a_model_that_runs_a_request_is_a_409_and_the_request_completes(tmp_path, h):
+    """The runtime's ModelBusy is the documented 409 naming `model`; the running request is not disturbed."""
+    import threading
+
+    slow = h.write_slow_model(tmp_path / "slow", delay=0.5)
+    s = h.start_server({"slow": slow})
+    try:
+        with httpx.Client(base_url=s.url, timeout=30, headers=h.admin) as c:
+            done: dict = {}
+            speaking = threading.Thread(target=lambda: done.update(r=c.post(
+                "/v1/audio/speech", json={"model": "slow", "input": "a long enough text", "voice": "low"})))
+            speaking.start()
+            deadline = time.monotonic() + 10
+            while c.get("/ready").json().get("in_flight") != 1 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            r = c.post("/v1/models/unload", json={"model": "slow"})
+            speaking.join(30)
+            assert r.status_code == 409 and r.json()["error"]["param"] == "model", r.text
+            assert "is running a request" in r.json()["error"]["message"]
+            assert done["r"].status_code == 200
+            audio, rate = h.read_audio(done["r"].content)
+            assert len(audio) / rate == pytest.approx(h.tone_seconds("a long enough text"))
+            assert c.post("/v1/models/unload", json={"model": "slow"}).status_code == 200
+    finally:
+        s.stop()
