@@ -71,8 +71,8 @@ class Job:
     """One synthesis running in a worker thread; iterate it from the event loop with `next()`."""
 
     def __init__(self, start: Callable[[Lease], Iterator[Any]], admission: JobSlots, ticket: Ticket,
-                 deadline: float | None, on_finish: Callable[[Job], None] | None = None,
-                 on_admit: Callable[[float], None] | None = None, retry_after: int = 1):
+                 deadline: float | None, on_finish: Callable[[Job], None], on_admit: Callable[[float], None],
+                 retry_after: int = 1):
         self.lease = Lease(deadline)
         self.cancelled = self.lease.event  # set by cancel(); the deadline is the lease's own
         self.retry_after = retry_after  # seconds, in the Retry-After of a queue-timeout 503
@@ -106,11 +106,9 @@ class Job:
                 503, f"the request waited {self._admission.timeout:g} s in the queue without a free slot"
                      " (--queue-timeout); retry shortly", headers={"Retry-After": str(self.retry_after)}))
             self.finished.set()
-            if self._on_finish is not None:
-                self._on_finish(self)
+            self._on_finish(self)
             return
-        if self._on_admit is not None:
-            self._on_admit(self._ticket.waited)
+        self._on_admit(self._ticket.waited)
         iterator = None
         try:
             iterator = self._start(self.lease)  # every wait and stage call of the request takes the lease
@@ -133,8 +131,7 @@ class Job:
                 self.lease.release()  # the request ends here: its model's pin goes
                 self._admission.release()
                 self.finished.set()
-                if self._on_finish is not None:
-                    self._on_finish(self)
+                self._on_finish(self)
 
     def _ended(self) -> BaseException | None:
         """What the consumer hears when the lease ended the job: Cancelled, or a 504 past the deadline."""
