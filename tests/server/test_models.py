@@ -1,7 +1,5 @@
 """Model management over HTTP: load/unload, and a memory budget that forces eviction (and reload on use)."""
 
-import time
-
 import httpx
 import numpy as np
 import pytest
@@ -143,26 +141,21 @@ def test_model_paths_are_for_the_admin_only(budget_server):
 
 def test_unloading_a_model_that_runs_a_request_is_a_409_and_the_request_completes(tmp_path, h):
     """The runtime's ModelBusy is the documented 409 naming `model`; the running request is not disturbed."""
-    import threading
-
-    slow = h.write_slow_model(tmp_path / "slow", delay=0.5)
+    slow = h.write_slow_model(tmp_path / "slow", delay=0.5)  # each chunk of audio takes half a second
+    text = "a long enough text, spoken slowly"
     s = h.start_server({"slow": slow})
     try:
         with httpx.Client(base_url=s.url, timeout=30, headers=h.admin) as c:
-            done: dict = {}
-            speaking = threading.Thread(target=lambda: done.update(r=c.post(
-                "/v1/audio/speech", json={"model": "slow", "input": "a long enough text", "voice": "low"})))
-            speaking.start()
-            deadline = time.monotonic() + 10
-            while c.get("/ready").json().get("in_flight") != 1 and time.monotonic() < deadline:
-                time.sleep(0.02)
-            r = c.post("/v1/models/unload", json={"model": "slow"})
-            speaking.join(30)
+            body = {"model": "slow", "input": text, "voice": "low", "stream_format": "audio", "response_format": "pcm"}
+            with c.stream("POST", "/v1/audio/speech", json=body) as speaking:
+                pieces = speaking.iter_bytes()
+                audio = next(pieces)  # the request is under way: its model is pinned until it ends
+                r = c.post("/v1/models/unload", json={"model": "slow"})
+                audio += b"".join(pieces)
+                rate = int(speaking.headers["x-sample-rate"])
             assert r.status_code == 409 and r.json()["error"]["param"] == "model", r.text
             assert "is running a request" in r.json()["error"]["message"]
-            assert done["r"].status_code == 200
-            audio, rate = h.read_audio(done["r"].content)
-            assert len(audio) / rate == pytest.approx(h.tone_seconds("a long enough text"))
+            assert speaking.status_code == 200 and len(audio) / 2 / rate == pytest.approx(h.tone_seconds(text))
             assert c.post("/v1/models/unload", json={"model": "slow"}).status_code == 200
     finally:
         s.stop()
