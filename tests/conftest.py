@@ -20,11 +20,6 @@ from mizuoto.testing.toy import write_model
 torch.set_num_threads(2)
 fixtures_root()  # raises at collection if the fixture tree is missing
 
-# The fixtures' CAM++ embeddings are onnxruntime's on AVX-512 CPUs (16-channel NCHWc blocks): on a
-# CPU without AVX-512 (8-channel blocks there) the exact CAM++ takes the recording CPUs' block, as
-# the MKL plugin steers MKL (set in the environment, so child processes steer too).
-os.environ.setdefault("MIZUOTO_ORT_NCHWC_BLOCK", "16")
-
 # A private, empty $MIZUOTO_HOME: caches land there, and no resource hides a missing install.
 # Removed when the session's process ends (child processes the tests start are done by then).
 os.environ["MIZUOTO_HOME"] = tempfile.mkdtemp(prefix="mizuoto-home-")

@@ -1,111 +1,257 @@
-"""Which CPU's recording of the full-pipeline fixtures this machine is compared with.
+"""Which recording of upstream's values this machine is compared with, and how (one rule for every tree).
 
-The `full/` cases were recorded by upstream on one CPU (an Intel one, `full/README.md`). A few
-tensors depend on the CPU that computes them: oneDNN blocks HiFT's strided source convolution
-differently per CPU (1-ulp sums), so on an AMD EPYC upstream itself gives other HiFT speech.
-`full/cpu/<name>/<v>/cases/<case>.json` (+ `.safetensors`) records, per other CPU, each case's
-tensors that differ there and the sha256 of its audio; a case without a file was reproduced bit
-for bit. This module picks the recording for the CPU it runs on:
+Upstream's float results depend on the kernels torch's libraries pick, and those depend on the
+*CPU class*: the vendor (oneDNN and MKL dispatch on it; the suite steers MKL onto its Intel
+paths, `mkl_intel.py`, oneDNN is not steered) and the widest vector ISA in use (`amx`: AVX-512
+with AMX tiles, `avx512`, `avx2`, `baseline`): the CPU's flags, narrowed by torch's CPU capability
+and by `$MKL_ENABLE_INSTRUCTIONS` / `$MKL_CBWR` / `$ONEDNN_MAX_CPU_ISA` when they cap the kernels.
+A model name is no class: "AMD EPYC" names a Zen 1 (AVX2) and a Zen 4 (AVX-512).
 
-- a `full/cpu/*` recording whose `cpu` (model name and avx512/amx flags) is this CPU's: its values;
-- otherwise, on an Intel CPU: the fixtures themselves;
-- otherwise none: the CPU-dependent tensors (by upstream's faithfulness rule only HiFT speech,
-  the chunks made from it and the output) are compared within `CROSS_CPU_ATOL`, the largest
-  difference between CPUs seen, and bit-exactness is reported as not checkable here. Every other
-  tensor stays `torch.equal` everywhere.
+A fixture tree's own recording was made on one class (`RECORDED_ON`, or the tree's `cpu.json`
+`{"recorded_on": [...]}`: the classes it is known to hold for). Recordings for other classes sit
+in the tree's `cpu/<folder>/`, each naming its class (`cpu_class`, else the `cpu` field as
+`lscpu` model name plus avx512*/amx* flags, else the folder's name). The rule:
+
+- a recording of this class exists (the tree's own or a `cpu/` folder): every tensor is
+  `torch.equal` to it;
+- none exists: integer tensors (text ids, speech tokens, draws) are still `torch.equal`; a float
+  tensor is compared with the tree's own recording within the largest difference upstream itself
+  shows between the recorded classes for that kind of tensor (`bounds`, measured from the
+  recordings, printed), and bit-exactness is reported as not checkable here.
+
+The full-pipeline `cpu/` folders hold per case only the tensors that differ
+(`<v>/cases/<case>.{json,safetensors}`, `max_abs_diff` per name); whole-record trees (the
+Chatterbox plugin's) measure their bounds from the records themselves (`measured_bounds`).
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Mapping
 
 import torch
 
 from mizuoto.testing.fixtures import fixtures_root
 
 CPU_FOLDER = "cpu"
-# Upstream's faithfulness rule for the per-CPU recordings: only these may differ between CPUs.
-CPU_DEPENDENT = re.compile(r"seg\.\d+\.hift\.\d+\.speech|seg\.\d+\.chunk\.\d+|output\.tts_speech")
-# The largest |difference| between two CPUs' upstream runs seen on those tensors: 1.136e-7 on
-# HiFT speech (Intel vs AMD EPYC Zen 4, full/cpu/README.md), rounded up. A tree whose recordings
-# hold a larger one raises the bound to it (`Recording.atol`).
-CROSS_CPU_ATOL = 1.2e-7
+ISAS = ("baseline", "avx2", "avx512", "amx")  # narrowest first
+VENDORS = {"GenuineIntel": "intel", "AuthenticAMD": "amd"}
+# The class the fixture trees' own recordings were made on (full/README.md: an Intel CPU; the
+# recording machine and this project's Intel machines are Xeons with AVX-512 and AMX).
+RECORDED_ON = ("intel-amx",)
 _FLAG = re.compile(r"avx512\w*|amx\w*")
+_INDEX = re.compile(r"\.\d+(?=\.|$)")
 
 
-@dataclass(frozen=True)
-class Cpu:
-    """A CPU as the recordings name it: model name and its avx512*/amx* flags."""
+@dataclass(frozen=True, order=True)
+class CpuClass:
+    """What decides the kernels: vendor (`intel`, `amd`, `other`) and widest ISA in use."""
 
-    model: str
     vendor: str
-    flags: frozenset[str]
+    isa: str
+
+    @property
+    def name(self) -> str:
+        """`<vendor>-<isa>`, e.g. `amd-avx2`."""
+        return f"{self.vendor}-{self.isa}"
 
     def __str__(self) -> str:
-        return f"{self.model} ({' '.join(sorted(self.flags)) or 'no avx512/amx'})"
+        return self.name
+
+    @classmethod
+    def parse(cls, name: str) -> CpuClass:
+        """`amd-avx2` -> CpuClass("amd", "avx2")."""
+        vendor, _, isa = name.strip().lower().partition("-")
+        if isa not in ISAS:
+            raise ValueError(f"CPU class {name!r}: expected <vendor>-<isa> with isa one of {ISAS}")
+        return cls(vendor, isa)
 
 
-def parse_cpu(text: str) -> tuple[str, frozenset[str]]:
-    """A recording's `cpu` field, `"AMD EPYC (avx512f avx512dq ...)"`, as (model name, flags)."""
-    m = re.fullmatch(r"\s*(.*?)\s*(?:\(([^()]*)\))?\s*", text)
-    return m.group(1), frozenset(f for f in (m.group(2) or "").split() if _FLAG.fullmatch(f))
+def isa_of_flags(flags: Iterable[str]) -> str:
+    """The widest ISA a CPU's /proc/cpuinfo flags offer (torch's AVX512 needs F, BW, VL and DQ)."""
+    flags = set(flags)
+    if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
+        return "amx" if "amx_tile" in flags else "avx512"
+    if {"avx2", "fma"} <= flags:
+        return "avx2"
+    return "baseline"
+
+
+def _narrowest(*isas: str | None) -> str:
+    return min((i for i in isas if i), key=ISAS.index)
+
+
+def _capped_isa(env: Mapping[str, str], capability: str) -> str | None:
+    """The widest ISA that torch's capability and the libraries' ISA caps in `env` allow (None: no cap)."""
+    # torch's capability names no AMX: its AVX512 caps nothing, only a narrower one does
+    caps = [capability if "512" not in capability else ""]
+    caps += [env.get(k, "") for k in ("MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")]
+    found = []
+    for cap in (c.upper() for c in caps if c):
+        if "AMX" in cap or cap in ("ALL", "AUTO", "DEFAULT_CPU_ISA"):
+            continue
+        if "512" in cap:
+            found.append("avx512")
+        elif "AVX2" in cap:
+            found.append("avx2")
+        elif cap in ("DEFAULT", "SSE4_2", "SSE41", "AVX", "COMPATIBLE"):
+            found.append("baseline")
+    return _narrowest(*found) if found else None
+
+
+def read_cpuinfo(text: str) -> dict[str, str]:
+    """The first processor's fields of a /proc/cpuinfo text."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            break
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+    return fields
+
+
+def class_of_cpuinfo(text: str, capability: str = "", env: Mapping[str, str] | None = None) -> CpuClass:
+    """The class of the CPU a /proc/cpuinfo text describes, as torch (`capability`) and `env` use it."""
+    fields = read_cpuinfo(text)
+    vendor = VENDORS.get(fields.get("vendor_id", ""), "other")
+    isa = _narrowest(isa_of_flags(fields.get("flags", "").split()), _capped_isa(env or {}, capability))
+    return CpuClass(vendor, isa)
 
 
 @functools.cache
-def this_cpu(cpuinfo: str = "/proc/cpuinfo") -> Cpu:
-    """This machine's CPU, from the first processor of /proc/cpuinfo."""
-    fields: dict[str, str] = {}
+def this_class(cpuinfo: str = "/proc/cpuinfo") -> CpuClass:
+    """This machine's CPU class, with torch's capability and this process's ISA caps."""
     try:
-        for line in Path(cpuinfo).read_text().splitlines():
-            if not line.strip():
-                break
-            key, _, value = line.partition(":")
-            fields[key.strip()] = value.strip()
+        text = Path(cpuinfo).read_text()
     except OSError:
-        pass
-    flags = frozenset(f for f in fields.get("flags", "").split() if _FLAG.fullmatch(f))
-    return Cpu(fields.get("model name", "unknown"), fields.get("vendor_id", "unknown"), flags)
+        text = ""
+    return class_of_cpuinfo(text, torch.backends.cpu.get_cpu_capability(), os.environ)
+
+
+def class_of_recorded_cpu(text: str) -> CpuClass:
+    """A recording's `cpu` field (`"AMD EPYC (avx512f avx512bw ...)"`, only avx512*/amx* flags listed) as a class.
+
+    Such a field lists no AVX2 flag, so a CPU without AVX-512 is taken as AVX2 (every x86 recording CPU so far).
+    """
+    m = re.fullmatch(r"\s*(.*?)\s*(?:\(([^()]*)\))?\s*", text)
+    model, flags = m.group(1), {f for f in (m.group(2) or "").split() if _FLAG.fullmatch(f)}
+    vendor = "amd" if re.search(r"\bAMD\b", model) else "intel" if re.search(r"Intel", model, re.I) else "other"
+    return CpuClass(vendor, isa_of_flags(flags | {"avx2", "fma"}))
+
+
+def folder_class(folder: Path, manifests: list[dict[str, Any]] | None = None) -> CpuClass:
+    """The class a `cpu/<folder>` recording names: its manifests' `cpu_class`, else their `cpu`, else the folder name."""
+    named = {m["cpu_class"] for m in manifests or [] if "cpu_class" in m}
+    named |= {class_of_recorded_cpu(m["cpu"]).name for m in manifests or [] if "cpu" in m and "cpu_class" not in m}
+    if len(named) > 1:
+        raise AssertionError(f"{folder}: its files name different CPU classes: {sorted(named)}")
+    if named:
+        return CpuClass.parse(named.pop())
+    words = folder.name.lower().split("-")
+    vendor = next((w for w in words if w in VENDORS.values()), "other")
+    isa = next((w for w in reversed(words) if w in ISAS), None)
+    if isa is None:
+        raise AssertionError(f"{folder}: names no CPU class (a `cpu_class` field, a `cpu` field, or "
+                             f"<vendor>-...-<isa> as its name, isa one of {ISAS})")
+    return CpuClass(vendor, isa)
+
+
+def recorded_on(tree: Path) -> frozenset[CpuClass]:
+    """The classes a tree's own recording holds for: its `cpu.json` `recorded_on`, else `RECORDED_ON`."""
+    spec = tree / f"{CPU_FOLDER}.json"
+    names = json.loads(spec.read_text(encoding="utf-8"))["recorded_on"] if spec.is_file() else RECORDED_ON
+    return frozenset(CpuClass.parse(n) for n in names)
+
+
+def kind(name: str) -> str:
+    """A tensor's kind: its name with every index replaced (`seg.1.flow.0.mel` -> `seg.<i>.flow.<i>.mel`)."""
+    return _INDEX.sub(".<i>", name)
 
 
 @dataclass(frozen=True)
-class CpuRecording:
-    """The recording of the full-pipeline cases this CPU is compared with.
+class Comparison:
+    """How this CPU's results are compared with a tree's recordings (see the module docstring).
 
-    `folder` is a `full/cpu/<name>` folder, or None for the fixtures' own recording; `exact` is
-    False where no recording exists for this CPU.
+    `folder` is the `cpu/` recording used (None: the tree's own); `exact` is False where no
+    recording of this class exists; `bounds` holds, per tensor kind, the largest difference upstream
+    shows between the recorded classes (0 or absent: that kind never differed).
     """
 
-    cpu: Cpu
+    cpu: CpuClass
     folder: Path | None
     exact: bool
-    atol: float
+    bounds: Mapping[str, float] = field(default_factory=dict)
+    what: str = "the cases"
+
+    def bound(self, name: str) -> float:
+        """The difference a float tensor `name` may show here (0 where a recording exists)."""
+        return 0.0 if self.exact else float(self.bounds.get(kind(name), 0.0))
 
     def describe(self) -> str:
-        """One line for the test report: this CPU and what it is compared with."""
+        """One line for the test report: this CPU's class and what it was compared with."""
         if self.folder is not None:
-            what = f"the per-CPU recording {self.folder.parent.parent.name}/{CPU_FOLDER}/{self.folder.name} " \
-                   "over the fixtures, torch.equal"
+            how = f"the recording {self.folder.parent.name}/{self.folder.name} of its class, torch.equal"
         elif self.exact:
-            what = "the fixtures' own (Intel) recording, torch.equal"
+            how = "the fixtures' own recording (made on this class), torch.equal"
         else:
-            what = (f"no recording for this CPU: bit-exactness is NOT checkable here; CPU-dependent tensors "
-                    f"(HiFT speech, chunks, output) within {self.atol:.3g}, every other tensor torch.equal")
-        return f"CPU {self.cpu}: full-pipeline cases compared with {what}"
+            shown = ", ".join(f"{k} {v:.3g}" for k, v in sorted(self.bounds.items()) if v) or "none"
+            how = ("no recording of this class: bit-exactness is NOT checkable here; integer tensors torch.equal, "
+                   f"float tensors within what upstream shows between recorded classes ({shown}), else torch.equal")
+        return f"CPU class {self.cpu}: {self.what} compared with {how}"
+
+    def assert_equal(self, ours: torch.Tensor, theirs: torch.Tensor, name: str, what: str) -> None:
+        """`torch.equal`, or, on a class with no recording, a float tensor within its kind's bound."""
+        limit = self.bound(name) if theirs.is_floating_point() else 0.0
+        if limit == 0.0:
+            assert torch.equal(ours, theirs), what
+            return
+        assert ours.shape == theirs.shape and ours.dtype == theirs.dtype, f"{what}: shape or dtype"
+        diff = (ours - theirs).abs().max().item() if ours.numel() else 0.0
+        assert diff <= limit, f"{what}: max abs diff {diff:.3g} > {limit:.3g} ({kind(name)}; no recording of class {self.cpu})"
+
+
+def merge_bounds(*found: Mapping[str, float]) -> dict[str, float]:
+    """Per kind, the largest of several bound tables."""
+    out: dict[str, float] = {}
+    for table in found:
+        for k, v in table.items():
+            out[k] = max(out.get(k, 0.0), float(v))
+    return out
+
+
+def measured_bounds(base: Mapping[str, torch.Tensor], other: Mapping[str, torch.Tensor]) -> dict[str, float]:
+    """Per kind, max |other - base| over the float tensors two whole records of one case share."""
+    out: dict[str, float] = {}
+    for name, theirs in other.items():
+        ours = base.get(name)
+        if ours is None or not ours.is_floating_point() or ours.shape != theirs.shape:
+            continue
+        diff = (theirs.double() - ours.double()).abs().max().item() if ours.numel() else 0.0
+        out = merge_bounds(out, {kind(name): diff})
+    return out
+
+
+# -- the full-pipeline tree: per-case difference files ---------------------------------------------
+@dataclass(frozen=True)
+class CpuRecording(Comparison):
+    """The full-pipeline recording this class is compared with; `apply` puts its values into a case."""
+
+    what: str = "full-pipeline cases"
 
     def overlay(self, version: str, case: str) -> dict[str, Any] | None:
-        """This CPU's manifest for one case (its `differs`, `sha256_tts_speech_f32`), or None."""
+        """This class's manifest for one case (its `differs`, `sha256_tts_speech_f32`), or None."""
         if self.folder is None:
             return None
         path = self.folder / version / "cases" / f"{case}.json"
         return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
     def apply(self, version: str, case: str, meta: dict[str, Any], tensors: dict[str, Any]) -> None:
-        """Put this CPU's values of a case into its manifest and tensors (nothing if none differ)."""
+        """Put this class's values of a case into its manifest and tensors (nothing if none differ)."""
         found = self.overlay(version, case)
         if found is None:
             return
@@ -115,49 +261,38 @@ class CpuRecording:
         missing = set(found["differs"]) - set(values)
         if missing:
             raise AssertionError(f"{self.folder}: {version}/{case} lists {sorted(missing)} but stores no value")
-        stray = [name for name in found["differs"] if not CPU_DEPENDENT.fullmatch(name)]
-        if stray:
-            raise AssertionError(f"{self.folder}: {version}/{case}: {stray} differ by CPU, which the "
-                                 "faithfulness rule does not allow")
+        integer = [n for n in found["differs"] if not values[n].is_floating_point()
+                   or (n in tensors and not tensors[n].is_floating_point())]
+        if integer:
+            raise AssertionError(f"{self.folder}: {version}/{case}: integer tensors {integer} differ by CPU; "
+                                 "upstream's integer results (ids, tokens, draws) are the same on every CPU")
         for name in found["differs"]:
             tensors[name] = values[name]
         meta["sha256_tts_speech_f32"] = found["sha256_tts_speech_f32"]
 
-    def assert_equal(self, ours: torch.Tensor, theirs: torch.Tensor, name: str, what: str) -> None:
-        """`torch.equal`, or within `atol` for a CPU-dependent tensor on a CPU with no recording."""
-        if self.exact or not CPU_DEPENDENT.fullmatch(name):
-            assert torch.equal(ours, theirs), what
-            return
-        assert ours.shape == theirs.shape and ours.dtype == theirs.dtype, f"{what}: shape or dtype"
-        diff = (ours - theirs).abs().max().item() if ours.numel() else 0.0
-        assert diff <= self.atol, f"{what}: max abs diff {diff:.3g} > {self.atol:.3g} (no recording for this CPU)"
 
-
-def _recorded_cpus(full: Path) -> list[tuple[Path, tuple[str, frozenset[str]], float]]:
-    """Each `full/cpu/<name>` folder with the CPU its manifests name and the largest difference they record."""
+def _recorded_classes(full: Path) -> list[tuple[Path, CpuClass, dict[str, float]]]:
+    """Each `full/cpu/<folder>` with the class it names and, per kind, the largest difference it records."""
     out = []
     for folder in sorted(p for p in (full / CPU_FOLDER).glob("*") if p.is_dir()):
         metas = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("*/cases/*.json"))]
-        names = {m["cpu"] for m in metas}
-        if len(names) > 1:
-            raise AssertionError(f"{folder}: its cases name different CPUs: {sorted(names)}")
-        if names:
-            largest = max((d for m in metas for d in m.get("max_abs_diff", {}).values()), default=0.0)
-            out.append((folder, parse_cpu(names.pop()), largest))
+        if metas:
+            diffs = merge_bounds(*({kind(n): d for n, d in m.get("max_abs_diff", {}).items()} for m in metas))
+            out.append((folder, folder_class(folder, metas), diffs))
     return out
 
 
-def recording_for(full: Path, cpu: Cpu) -> CpuRecording:
-    """The recording of the `full` tree that `cpu` is compared with (see the module docstring)."""
-    recorded = _recorded_cpus(full)
-    atol = max([CROSS_CPU_ATOL, *(largest for _, _, largest in recorded)])
-    for folder, (model, flags), _ in recorded:
-        if model == cpu.model and flags == cpu.flags:
-            return CpuRecording(cpu, folder, True, atol)
-    return CpuRecording(cpu, None, cpu.vendor == "GenuineIntel", atol)
+def recording_for(full: Path, cpu: CpuClass) -> CpuRecording:
+    """The recording of the `full` tree that class `cpu` is compared with (see the module docstring)."""
+    recorded = _recorded_classes(full)
+    bounds = merge_bounds(*(diffs for _, _, diffs in recorded))
+    for folder, named, _ in recorded:
+        if named == cpu:
+            return CpuRecording(cpu, folder, True, bounds)
+    return CpuRecording(cpu, None, cpu in recorded_on(full), bounds)
 
 
 @functools.cache
 def recording_for_this_cpu(full: Path | None = None) -> CpuRecording:
-    """The recording this machine's CPU is compared with, in `full` (default the fixtures' `full/`)."""
-    return recording_for(full or fixtures_root() / "full", this_cpu())
+    """The recording this machine's class is compared with, in `full` (default the fixtures' `full/`)."""
+    return recording_for(full or fixtures_root() / "full", this_class())

@@ -7,7 +7,7 @@ import torch
 
 from mizuoto.testing.cosyvoice_cases import list_cases, load_case
 from mizuoto.testing.cosyvoice_full import list_full_cases, load_full_case
-from mizuoto.testing.cpu_recordings import recording_for, this_cpu
+from mizuoto.testing.cpu_recordings import recording_for, this_class
 from mizuoto.testing.derived_tree import case_name, derive, legacy_hift
 from mizuoto.testing.fixtures import fixtures_root
 
@@ -45,7 +45,7 @@ def test_per_cpu_recordings_follow_their_cases(trees):
         assert moved.with_suffix(".safetensors").is_file()
         case = dest / "full" / path.parent.parent.name / "cases" / moved.name
         assert case.is_file(), f"{moved} names no case of the derived tree"
-    assert recording_for(dest / "full", this_cpu()).exact == recording_for(src / "full", this_cpu()).exact
+    assert recording_for(dest / "full", this_class()).exact == recording_for(src / "full", this_class()).exact
 
 
 def test_hift_takes_the_legacy_key_style(trees):

@@ -47,9 +47,10 @@ def _kernel(orig: int, new: int, dtype: torch.dtype, device: torch.device) -> tu
 
 
 def _conv(x: Tensor, kernel: Tensor, stride: int) -> Tensor:
-    if x.device.type == "cpu" and x.dtype == torch.float32 and torch.backends.mkldnn.is_available():
-        return torch.ops.aten.mkldnn_convolution(x.contiguous(), kernel, None, [0], [stride], [1], 1)
-    return torch.nn.functional.conv1d(x, kernel, stride=stride)
+    # torchaudio's own call: torch's dispatch picks oneDNN or im2col + sgemm by size, and the two
+    # round differently on some CPUs, so forcing either one equals torchaudio on some CPUs only.
+    # One row at a time (upstream resamples one mono clip): a row's bits never depend on the batch.
+    return torch.cat([torch.nn.functional.conv1d(row[None], kernel, stride=stride) for row in x])
 
 
 def resampled_length(num_samples: int, orig_rate: int, new_rate: int) -> int:

@@ -68,7 +68,8 @@ def _nchwc_block() -> int:
     torch's dispatch capability (ATEN_CPU_CAPABILITY can lower that) nor /proc/cpuinfo. MLAS wants
     only AVX512F; torch's test also wants VL/BW/DQ, which every AVX512F CPU but Xeon Phi has.
     `$MIZUOTO_ORT_NCHWC_BLOCK` (16 or 8) takes another CPU's block instead: embeddings equal to
-    those onnxruntime gives there (the test suite takes the block of the CPUs that recorded it).
+    those onnxruntime gives there (never set by the runtime or the test suite: upstream runs
+    onnxruntime with this CPU's block, so this CPU's block equals upstream here).
     """
     steered = os.environ.get(NCHWC_BLOCK_ENV)
     if steered:
@@ -83,7 +84,7 @@ def reproducible_here() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64") and torch.cpu._is_avx2_supported()
 
 
-NCHWC_BLOCK = _nchwc_block()  # 16 on the AVX-512 host the fixtures were recorded on
+NCHWC_BLOCK = _nchwc_block()  # this CPU's, as onnxruntime picks it here
 _SGEMM_STRIDE = 128  # MLAS's default N and K slice of a GEMM
 
 # MLAS logistic: p(x) / q(x) + 0.5 on x clamped to [-18, 18] (Eigen's rational approximation).

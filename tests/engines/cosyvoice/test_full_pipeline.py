@@ -233,7 +233,8 @@ def test_model_input(models, case):
         if feat is not None:
             assert ours["prompt_speech_feat"].shape == feat.shape, f"segment {i} prompt mel frames"
             diff = (ours["prompt_speech_feat"] - feat).abs().max().item()
-            assert diff <= MEL_ATOL, f"segment {i} prompt mel max abs diff {diff:.2e}"
+            limit = MEL_ATOL + case.cpu.bound(f"seg.{i}.input.prompt_speech_feat")  # upstream's own spread here
+            assert diff <= limit, f"segment {i} prompt mel max abs diff {diff:.2e} > {limit:.2e}"
     embedding = upstream_embedding(case)
     if embedding is None:
         for i, ours in enumerate(got.inputs):  # a preset speaker's embedding is read, not computed
@@ -245,7 +246,8 @@ def test_model_input(models, case):
     for i, ours in enumerate(got.inputs):
         for key in EMBEDDING_KEYS:
             if case.seg(i, f"input.{key}") is not None:
-                assert torch.equal(ours[key], case.seg(i, f"input.{key}")), f"segment {i} {key} (exact CAM++)"
+                case.cpu.assert_equal(ours[key], case.seg(i, f"input.{key}"), f"seg.{i}.input.{key}",
+                                      f"segment {i} {key} (exact CAM++)")
 
 
 # ---- stages ----------------------------------------------------------------------------------------
@@ -259,18 +261,18 @@ def test_every_stage_equal(models, case):
     assert [t for t in got.lm if t] == want_lm, "LM tokens (segments that spoke)"
     if case.lm_only:
         return
-    flows = [(case.tensors[f"seg.{i}.flow.{j}.token"], case.tensors[f"seg.{i}.flow.{j}.mel"])
+    flows = [(case.tensors[f"seg.{i}.flow.{j}.token"], case.tensors[f"seg.{i}.flow.{j}.mel"], f"seg.{i}.flow.{j}.mel")
              for i in range(n) for j in range(len(case.numbered(i, "flow", ".mel")))]
     assert len(got.flow) == len(flows), "flow calls"
-    for j, ((token, mel), (want_token, want_mel)) in enumerate(zip(got.flow, flows)):
+    for j, ((token, mel), (want_token, want_mel, name)) in enumerate(zip(got.flow, flows)):
         assert torch.equal(token.to(want_token.dtype), want_token), f"flow call {j} tokens"
-        assert torch.equal(mel, want_mel), f"flow call {j} mel"
+        case.cpu.assert_equal(mel, want_mel, name, f"flow call {j} mel")
     hifts = [(case.tensors[f"seg.{i}.hift.{j}.mel"], case.tensors[f"seg.{i}.hift.{j}.speech"], f"seg.{i}.hift.{j}.speech")
              for i in range(n) for j in range(len(case.numbered(i, "hift", ".speech")))]
     if hifts:  # recorded for non-streaming cases
         assert len(got.hift) == len(hifts), "HiFT calls"
         for j, ((mel, speech), (want_mel, want_speech, name)) in enumerate(zip(got.hift, hifts)):
-            assert torch.equal(mel, want_mel), f"HiFT call {j} mel"
+            case.cpu.assert_equal(mel, want_mel, name.replace(".speech", ".mel"), f"HiFT call {j} mel")
             case.cpu.assert_equal(speech, want_speech, name, f"HiFT call {j} speech")
     want = upstream_chunks(case)
     assert want, "the case records no chunk"
@@ -300,9 +302,11 @@ def test_fast_reference(models, case):
     got = get_run(_RUNS, models, case, "fast")
     rt, name = models.get(case.meta, "fast")
     embedding = upstream_embedding(case)
+    spread = max(case.cpu.bound(f"seg.0.input.{k}") for k in EMBEDDING_KEYS)  # upstream's own, where unrecorded
     for own in got.embeddings:
         rel = ((own - embedding).abs().max() / embedding.abs().max()).item()
-        assert rel <= EMBEDDING_REL, f"CAM++ max|ours-upstream|/max|upstream| = {rel:.2e}"
+        limit = EMBEDDING_REL + spread / embedding.abs().max().item()
+        assert rel <= limit, f"CAM++ max|ours-upstream|/max|upstream| = {rel:.2e} > {limit:.2e}"
     n = len(case.segments)
     want_lm = [case.seg(i, "lm.tokens_raw").flatten().tolist() for i in range(n)
                if case.seg(i, "lm.tokens_raw") is not None and case.seg(i, "lm.tokens_raw").numel()]

@@ -32,7 +32,7 @@ def test_output_length_is_ceil(orig, new, n):
 
 @pytest.mark.parametrize("orig,new,n", [(22050, 16000, 5000), (16000, 24000, 16001), (48000, 22050, 777)])
 def test_batch_rows_equal_single_rows(orig, new, n):
-    """Channels/batches are resampled independently, bit for bit (oneDNN's kernel is per row)."""
+    """Channels/batches are resampled independently, bit for bit (one conv1d call per row)."""
     x = torch.randn(3, n, generator=torch.Generator().manual_seed(n))
     y = resample(x, orig, new)
     for i in range(3):
