@@ -12,7 +12,10 @@ than the products alone suggest (86 vs 87-88 ms with one row busy, 95-96 vs 97-9
 a 95-position prefill 240-247 vs 252-256 ms), and they need no private oneDNN operator. One row
 stays with `F.linear` (50 ms) and upstream's numerics in the unbatched path. At a fixed row count
 a row's result depends neither on the other rows nor on its position
-(tests/nn/lm/test_packed_linear.py), which is what the batch needs. The blocks replace the dense
+(tests/nn/lm/test_packed_linear.py), which is what the batch needs: MKL's sgemm takes the rows in
+panels, and a row in a partial last panel goes through an edge kernel that sums in another order
+(its AVX2 kernels: panels of ROW_PANEL rows, rows 7-9 of 9 differ by place), so the rows are
+zero-padded to whole panels first (on AVX-512 no row depends on its place at any count). The blocks replace the dense
 weight: the same bytes, as a buffer (plus zero columns that fill the last block when `out` is not
 a multiple of BLOCK).
 """
@@ -26,6 +29,7 @@ from torch import nn
 from mizuoto.nn.host_memory import return_freed_memory
 
 BLOCK = 32  # output columns per block; at 8 rows, blocks of 8 / 16 / 32 / 64 / 128 took 97 / 68 / 63 / 86 / 90 ms
+ROW_PANEL = 6  # rows per panel of MKL's AVX2 sgemm kernel (6 x 16): rows are padded to whole panels
 
 
 def packing_available(weight: torch.Tensor) -> bool:
@@ -49,9 +53,12 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
+        n = rows.shape[0]
+        if n % ROW_PANEL:  # every row in a whole panel: its bits depend neither on its place nor on n
+            rows = F.pad(rows, (0, 0, 0, -n % ROW_PANEL))
         # (blocks, N, in) @ (blocks, in, BLOCK): the rows are broadcast, each block read once
         out = torch.bmm(rows.expand(self.packed.shape[0], *rows.shape), self.packed)
-        out = out.transpose(0, 1).reshape(*x.shape[:-1], -1)
+        out = out.transpose(0, 1)[:n].reshape(*x.shape[:-1], -1)
         if out.shape[-1] != self.out_features:
             out = out[..., :self.out_features].contiguous()
         return out if self.bias is None else out + self.bias

@@ -23,8 +23,9 @@ def _decoder() -> Decoder:
 
 
 @torch.inference_mode()
-@pytest.mark.parametrize("rows", [2, 3, 4, 8, 16])
+@pytest.mark.parametrize("rows", [2, 3, 4, 7, 8, 9, 13, 16])
 def test_a_row_depends_neither_on_the_other_rows_nor_on_its_place(rows):
+    """At any row count (also those that leave a partial panel of MKL's AVX2 kernel: 7-9, 13), on every CPU."""
     torch.manual_seed(rows)
     layer = PackedLinear(nn.Linear(96, 7 * BLOCK - 3))  # the last block zero-filled
     x = torch.randn(rows, 96)
@@ -84,3 +85,37 @@ def test_each_dense_layer_is_gone_before_its_memory_is_given_back(monkeypatch):
     assert pack_linears(dec.layers) == len(dense)
     # one layer freed before each trim: the process never holds more than one dense copy extra
     assert alive_at_each_trim == list(range(len(dense) - 1, -1, -1))
+
+
+_ON_MKL_AVX2 = """
+import torch
+from torch import nn
+from mizuoto.nn.lm.packed_linear import PackedLinear
+torch.set_num_threads(2)
+bad = []
+with torch.inference_mode():
+    for rows in (7, 8, 9, 13):
+        torch.manual_seed(rows)
+        layer = PackedLinear(nn.Linear(200, 100))
+        x = torch.randn(rows, 200)
+        out = layer(x)
+        for r in range(rows):
+            other = torch.randn(rows, 200)
+            other[(r + 1) % rows] = x[r]
+            if not torch.equal(layer(other)[(r + 1) % rows], out[r]):
+                bad.append((rows, r))
+print(bad)
+"""
+
+
+def test_rows_are_place_invariant_on_mkls_avx2_kernels_too():
+    """The same check with MKL capped to its AVX2 kernels (those it takes on an AVX2-only CPU), in a fresh process."""
+    import subprocess
+    import sys
+
+    if not torch.cpu._is_avx2_supported():
+        pytest.fail("no AVX2 on this CPU: MKL's AVX2 kernels cannot be run here")
+    env = dict(__import__("os").environ, MKL_ENABLE_INSTRUCTIONS="AVX2")
+    done = subprocess.run([sys.executable, "-c", _ON_MKL_AVX2], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", f"rows that depend on their place (rows, row): {done.stdout}"
