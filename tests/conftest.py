@@ -16,8 +16,10 @@ import torch
 from mizuoto.testing.fixtures import fixtures_root
 from mizuoto.testing.toy import write_model
 
-# Fixtures were recorded with 2 threads; float reductions can depend on the thread count.
+# Fixtures were recorded with 2 threads; float reductions can depend on the thread count. Child
+# processes (servers, fresh-process tests) take the same count through the runtime's setting.
 torch.set_num_threads(2)
+os.environ["MIZUOTO_THREADS"] = "2"
 fixtures_root()  # raises at collection if the fixture tree is missing
 
 # A private, empty $MIZUOTO_HOME: caches land there, and no resource hides a missing install.

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from mizuoto.runtime.compute_threads import fix_compute_threads
 from mizuoto.runtime.engine import (AudioChunk, Capabilities, Model, SynthesisRequest, Voice, check_request)
 from mizuoto.runtime.hub import is_repo_id, resolve_model
 from mizuoto.runtime.voicestore import ModelIdentity, VoiceStore
@@ -101,11 +102,15 @@ class Runtime(VoiceMethods):
     Budgets are sizes like "6GiB" or byte counts; None means what is free when a device is first used.
     `engines` adds Engine classes beside the plugins; `plugins=False` uses only those.
     `voices` is where cached voices persist (default `$MIZUOTO_VOICE_STORE` or `$MIZUOTO_HOME/voices`, read now);
-    False keeps them in memory.
+    False keeps them in memory. `threads` is torch's intra-op thread count for the process (default
+    `$MIZUOTO_THREADS`, else torch's current count), set now so that results are the same bits in
+    every process and thread at that count (`runtime.compute_threads`).
     """
 
     def __init__(self, vram: str | int | None = None, ram: str | int | None = None, engines: tuple = (),
-                 plugins: bool = True, voices: str | Path | bool | None = None):
+                 plugins: bool = True, voices: str | Path | bool | None = None, threads: int | None = None):
+        # First: the compute threads' settings decide the last bits of every result (compute_threads)
+        self.threads = fix_compute_threads(threads)
         self.vram = None if vram is None else parse_bytes(vram)
         self.ram = None if ram is None else parse_bytes(ram)
         self.registry = Registry(entry_points=plugins, builtins=plugins)

@@ -23,10 +23,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import torch
-
 from mizuoto.errors import InvalidRequest, MizuotoError
 from mizuoto.nn.memory import HEAP_PACKING_BYTES
+from mizuoto.runtime.compute_threads import set_compute_threads
 from mizuoto.runtime.engine import stage_device
 from mizuoto.runtime.executor import Executor
 from mizuoto.runtime.malloc import tune_malloc
@@ -218,7 +217,7 @@ def case_process_main(driver_factory: Any, spec: dict[str, Any]) -> int:
     """The fresh process's side: tune the allocator as the server does, build the driver, run, print JSON."""
     tune_malloc(1 << 20, 2)  # the server's settings (ServerConfig.mmap_threshold, malloc_arenas)
     if spec.get("threads"):  # cases run side by side each take a share of the cores
-        torch.set_num_threads(int(spec["threads"]))
+        set_compute_threads(int(spec["threads"]))
     driver = driver_factory()
     calls = run_case(driver, MemoryCase(**spec["case"]), lambda call: print(call_line(call), file=sys.stderr,
                                                                              flush=True))

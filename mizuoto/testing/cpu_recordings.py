@@ -207,11 +207,12 @@ class Comparison:
     def assert_equal(self, ours: torch.Tensor, theirs: torch.Tensor, name: str, what: str) -> None:
         """`torch.equal`, or, on a class with no recording, a float tensor within its kind's bound."""
         limit = self.bound(name) if theirs.is_floating_point() else 0.0
-        if limit == 0.0:
-            assert torch.equal(ours, theirs), what
+        if limit == 0.0 and torch.equal(ours, theirs):
             return
-        assert ours.shape == theirs.shape and ours.dtype == theirs.dtype, f"{what}: shape or dtype"
-        diff = (ours - theirs).abs().max().item() if ours.numel() else 0.0
+        assert ours.shape == theirs.shape and ours.dtype == theirs.dtype, \
+            f"{what}: shape or dtype {tuple(ours.shape)} {ours.dtype} against {tuple(theirs.shape)} {theirs.dtype}"
+        diff = (ours.double() - theirs.double()).abs().max().item() if ours.numel() else 0.0
+        assert limit != 0.0, f"{what}: not torch.equal (max abs diff {diff:.3g})"
         assert diff <= limit, f"{what}: max abs diff {diff:.3g} > {limit:.3g} ({kind(name)}; no recording of class {self.cpu})"
 
 

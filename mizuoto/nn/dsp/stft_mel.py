@@ -4,9 +4,9 @@ Resemble's voice encoder (Real-Time-Voice-Cloning's melspec) takes `librosa.stft
 audio (centred, reflect padding, scipy's periodic Hann), |.| ** power, then `np.dot` with librosa's
 float32 Slaney filters, after `librosa.effects.trim`. What decides the last bits, each reproduced
 here: the frames are windowed and transformed in float64 (numpy's pocketfft) and stored as
-complex64; numpy's SIMD complex absolute (`exact.cabs32`); OpenBLAS's sgemm, which on the CPUs
-the references came from adds each product with an FMA in the order of the frequency bins
-(`exact.fma32`, so the result does not depend on the BLAS installed here).
+complex64; numpy's SIMD complex absolute (`exact.cabs32`). The mel product is upstream's own
+call, `np.dot` (the BLAS numpy brings sums it in the order that suits the CPU, as it does for
+upstream on that CPU; rebuilding one machine's order by hand equals upstream on that machine only).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from mizuoto.nn.dsp.exact import cabs32, fma32, numpy1_sum
+from mizuoto.nn.dsp.exact import cabs32, numpy1_sum
 from mizuoto.nn.dsp.mel import slaney_mel_filters
 
 
@@ -49,14 +49,8 @@ def stft_magnitude(y: np.ndarray, n_fft: int, hop: int) -> np.ndarray:
 
 
 def mel_from_power(power: np.ndarray, filters: np.ndarray) -> np.ndarray:
-    """filters (mels, bins) @ power (bins, frames) in float32, as OpenBLAS's sgemm kernel accumulates it."""
-    filters = np.asarray(filters, dtype=np.float32)
-    out = np.zeros((filters.shape[0], power.shape[1]), dtype=np.float32)
-    for k in range(filters.shape[1]):
-        rows = np.flatnonzero(filters[:, k])  # a zero weight adds exactly nothing
-        if len(rows):
-            out[rows] = fma32(filters[rows, k, None], power[k][None, :], out[rows])
-    return out
+    """filters (mels, bins) @ power (bins, frames) in float32: upstream's own call, `np.dot`."""
+    return np.dot(np.asarray(filters, dtype=np.float32), np.asarray(power, dtype=np.float32))
 
 
 def stft_mel(y: np.ndarray, rate: int, n_fft: int, hop: int, n_mels: int, fmin: float = 0.0,
