@@ -1,6 +1,11 @@
 """The Chatterbox cases recorded from upstream (fixtures/README.md), found by walking the tree.
 
 `$MIZUOTO_CHATTERBOX_FIXTURES` points at another tree of the same layout (default: fixtures/ here).
+Upstream's float results depend on the CPU class (`mizuoto.testing.cpu_recordings`): the tree's own
+recording holds for the classes its `cpu.json` names; whole re-recordings for other classes sit in
+`<tree>/cpu/<folder>/cases/<case>/` (for the default tree also `$MIZUOTO_FIXTURES/chatterbox/cpu/`).
+A case is compared with the record of this machine's class (`Case.tensors`, `Case.assert_equal`):
+torch.equal where one exists, else integers equal and floats within upstream's measured spread.
 """
 
 import functools
@@ -12,7 +17,39 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-ROOT = Path(os.environ.get("MIZUOTO_CHATTERBOX_FIXTURES", Path(__file__).parent / "fixtures"))
+DEFAULT_ROOT = Path(__file__).parent / "fixtures"
+ROOT = Path(os.environ.get("MIZUOTO_CHATTERBOX_FIXTURES", DEFAULT_ROOT))
+RECORD = "record.safetensors"
+
+
+def class_folders() -> list[Path]:
+    """The tree's per-class re-recordings (`cpu/<folder>`), the shared ones too for the default tree."""
+    from mizuoto.testing.cpu_recordings import CPU_FOLDER
+    from mizuoto.testing.fixtures import fixtures_root
+
+    places = [ROOT / CPU_FOLDER]
+    if ROOT.resolve() == DEFAULT_ROOT.resolve():
+        places.append(fixtures_root() / "chatterbox" / CPU_FOLDER)
+    return sorted(p for place in places if place.is_dir() for p in place.iterdir() if (p / "cases").is_dir())
+
+
+@functools.cache
+def _classes() -> dict:
+    """Class -> its folder; and, per tensor key, the largest difference between any two recorded classes."""
+    from mizuoto.testing.cpu_recordings import folder_class, measured_bounds, merge_bounds
+
+    folders, bounds = {}, {}
+    for folder in class_folders():
+        named = folder_class(folder, [json.loads(p.read_text(encoding="utf-8"))
+                                      for p in folder.glob("cases/*/case.json")])
+        if named in folders:
+            raise AssertionError(f"{folder} and {folders[named]} both record class {named}")
+        folders[named] = folder
+        for record in sorted(folder.glob(f"cases/*/{RECORD}")):
+            own = ROOT / "cases" / record.parent.name / RECORD
+            if own.is_file():
+                bounds = merge_bounds(bounds, measured_bounds(load_file(str(own)), load_file(str(record))))
+    return {"folders": folders, "bounds": bounds}
 
 
 @dataclass(frozen=True)
@@ -33,8 +70,25 @@ class Case:
         clip = self.spec.get("reference_clip")
         return ROOT / clip if clip else None
 
+    @property
+    def cpu(self):
+        """How this case is compared on this machine's CPU class (`cpu_recordings.Comparison`)."""
+        from mizuoto.testing.cpu_recordings import Comparison, recorded_on, this_class
+
+        cpu, found = this_class(), _classes()
+        folder = found["folders"].get(cpu)
+        if folder is not None and (folder / "cases" / self.name / RECORD).is_file():
+            return Comparison(cpu, folder, True, found["bounds"], what="Chatterbox cases")
+        return Comparison(cpu, None, cpu in recorded_on(ROOT), found["bounds"], what="Chatterbox cases")
+
     def tensors(self) -> dict:
-        return load_file(str(self.path / "record.safetensors"))
+        """The case's recorded tensors: this CPU class's record where the tree has one."""
+        folder = self.cpu.folder
+        return load_file(str((folder / "cases" / self.name if folder else self.path) / RECORD))
+
+    def assert_equal(self, ours, key: str, what: str = "") -> None:
+        """`ours` equals the record's `key` (torch.equal, or on an unrecorded class within upstream's spread)."""
+        self.cpu.assert_equal(ours, self.tensors()[key], key, what or key)
 
     def model_file(self, names: dict) -> Path:
         """The one file of `names` (`weights.T3_FILES`, `S3GEN_FILES`) in the case's model dir."""
@@ -82,3 +136,13 @@ def _threads():
     import torch
 
     torch.set_num_threads(int(os.environ.get("MIZUOTO_TEST_THREADS", "2")))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Name this CPU's class and what the Chatterbox cases were compared with."""
+    found = cases()
+    exact = [c for c in found if c.cpu.exact]
+    line = found[0].cpu.describe() if found else "no Chatterbox cases"
+    if found and len(exact) not in (0, len(found)):
+        line += f" ({len(exact)} of {len(found)} cases recorded on this class; the rest as unrecorded)"
+    terminalreporter.write_line(line)
