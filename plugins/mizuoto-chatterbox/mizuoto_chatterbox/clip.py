@@ -32,14 +32,18 @@ VE_TRIM_DB = 20
 ClipSource = Union[str, os.PathLike, bytes, tuple]
 
 
-def load_clip(source: ClipSource, turbo: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(wav_16k, wav_24k) float32 of a clip path or (samples, rate): the tokenizer's input and S3Gen's reference."""
+def load_clip(source: ClipSource, turbo: bool, norm_loudness: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """(wav_16k, wav_24k) float32 of a clip path or (samples, rate): the tokenizer's input and S3Gen's reference.
+
+    norm_loudness: Turbo's gain to -27 LUFS (upstream's `generate(norm_loudness=...)`; the English model has none).
+    """
     wav = load_resampled(source, GEN_RATE)
     if turbo:
         if not len(wav) / GEN_RATE > TURBO_MIN_SECONDS:
             raise AudioError(f"Chatterbox-Turbo needs a reference clip longer than {TURBO_MIN_SECONDS:g} s, "
                              f"got {len(wav) / GEN_RATE:.2f} s")
-        wav = normalize_loudness(wav, GEN_RATE, TURBO_LUFS)
+        if norm_loudness:
+            wav = normalize_loudness(wav, GEN_RATE, TURBO_LUFS)
     wav_16k = soxr_resample(wav, GEN_RATE, TOKEN_RATE)
     return torch.from_numpy(np.ascontiguousarray(wav_16k)), torch.from_numpy(wav[:GEN_REF_SECONDS * GEN_RATE].copy())
 

@@ -17,9 +17,10 @@ from mizuoto_chatterbox.voice import VE_RATE, Voice, prompt_tokens
 CLONE_EXAGGERATION = 0.5  # what upstream's prepare_conditionals stores unless told otherwise
 
 
-def clone_voice(model: Any, audio: Any) -> Voice:
-    """The conditioning of a clip (a path or (samples, rate)) for a loaded ChatterboxModel."""
-    wav_16k, wav_24k = load_clip(audio, model.turbo)
+def clone_voice(model: Any, audio: Any, norm_loudness: bool = True) -> Voice:
+    """The conditioning of a clip (a path or (samples, rate)) for a loaded ChatterboxModel (Turbo: loudness gain
+    unless norm_loudness is False)."""
+    wav_16k, wav_24k = load_clip(audio, model.turbo, norm_loudness)
     speaker = model.ve.embed(ve_mel(wav_16k), rate=VE_RATE)
     prompt = prompt_tokens(model.tokenizer, wav_16k, model.turbo)
     token, feat, embedding = gen_reference(wav_24k, model.tokenizer, model.xvector)

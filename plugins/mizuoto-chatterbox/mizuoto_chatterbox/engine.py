@@ -54,12 +54,19 @@ ENGLISH_OPTIONS = (
     RequestOption("min_p", "float", 0.05, "drop tokens less likely than this fraction of the likeliest (0: off)",
                   0.0, 1.0),
 )
+# every argument of upstream's ChatterboxTurboTTS.generate but text and audio_prompt_path (the request's voice)
+# and those in TURBO_REFUSED, with upstream's defaults
 TURBO_OPTIONS = (
     _SAMPLING[0],
     RequestOption("top_p", "float", 0.95, _SAMPLING[1].help, 0.0, 1.0),
     _SAMPLING[2],
     RequestOption("top_k", "int", 1000, "sample among this many likeliest tokens (0: off)", 0, 100000),
+    RequestOption("norm_loudness", "bool", True, "scale a reference clip to -27 LUFS before cloning from it"),
 )
+# upstream's Turbo generate takes these and ignores them (a logged warning); undeclared, so a request giving
+# one is refused ("has no option ...") and a client learns they do nothing
+TURBO_REFUSED = ("exaggeration", "cfg_weight", "min_p")
+TURBO_ONLY = tuple(o for o in TURBO_OPTIONS if o.name not in {e.name for e in ENGLISH_OPTIONS})
 
 
 def _speech_for_s3gen(drawn: list[int], turbo: bool) -> list[int]:
@@ -144,9 +151,9 @@ class ChatterboxModel(Model):
         out = [Voice(PRESET_VOICE, "preset", "the model's own voice (conds.pt)")] if self.presets else []
         return out + [Voice(v, "cached", "a cloned voice") for v in cached]
 
-    def _conditioning(self, voice: str | Reference, lease: Any) -> Conditioning:
+    def _conditioning(self, voice: str | Reference, lease: Any, options: dict | None = None) -> Conditioning:
         if isinstance(voice, Reference):
-            return self._clone(voice, lease)
+            return self._clone(voice, lease, bool((options or {}).get("norm_loudness", True)))
         with self._voices_lock:
             found = self.presets.get(voice) or self.cached.get(voice)
         if found is None:
@@ -157,12 +164,12 @@ class ChatterboxModel(Model):
         """As `Model.submit`; the bench's single-request figures (`unbatched`) run fn in the calling thread."""
         return fn() if self.unbatched else super().submit(fn, lease, kind, urgent=urgent)
 
-    def _clone(self, reference: Reference, lease: Any) -> Conditioning:
+    def _clone(self, reference: Reference, lease: Any, norm_loudness: bool = True) -> Conditioning:
         from mizuoto_chatterbox.clone import clone_voice
 
         def run() -> Conditioning:
             with self.use("voice", lease), torch.inference_mode():
-                return clone_voice(self, reference.audio)
+                return clone_voice(self, reference.audio, norm_loudness)
         return self.submit(run, lease, "frontend")
 
     def add_voice(self, voice_id: str, ref_audio: Any, ref_text: str | None = None) -> Voice:
@@ -247,11 +254,13 @@ class ChatterboxModel(Model):
         if t3.text_pos_emb is not None and text_ids > t3.text_pos_emb.num_embeddings:
             raise InvalidRequest(f"the text is too long for this model: {text_ids} text ids, at most "
                                  f"{t3.text_pos_emb.num_embeddings}; split it into several requests")
+        # Turbo: upstream fails only once its positions run out, so a prompt that fits runs (a decode that
+        # reaches the table's end fails there, in T3.generate_turbo)
         positions = t3.tfmr.config.max_positions
-        if positions and cond + text_ids + 2 + TURBO_MAX_NEW_TOKENS > positions:
+        if positions and cond + text_ids + 1 > positions:
             raise InvalidRequest(f"the text is too long for this model: {text_ids} text ids with the voice's "
-                                 f"{cond} conditioning positions and up to {TURBO_MAX_NEW_TOKENS + 1} speech tokens "
-                                 f"exceed its {positions} positions; split it into several requests")
+                                 f"{cond} conditioning positions exceed its {positions} positions; split it into "
+                                 "several requests")
 
     def speech_tokens(self, request: SynthesisRequest, voice: Conditioning, generator: torch.Generator,
                       lease: Any = None) -> list[int]:
@@ -266,7 +275,10 @@ class ChatterboxModel(Model):
         prefill = self.figures.t3_prefill(self._text_ids(request), voice.prompt_tokens.shape[-1])
         draws = self.bench_tokens or (TURBO_MAX_NEW_TOKENS + 1 if self.turbo else MAX_NEW_TOKENS)
         grown = int(self.batcher is not None and not self.unbatched)
-        return {"positions": prefill + draws, "prefill": prefill, "grown": grown}
+        positions = prefill + draws
+        if self.t3.tfmr.config.max_positions:  # Turbo's decode ends at its position table
+            positions = min(positions, self.t3.tfmr.config.max_positions)
+        return {"positions": positions, "prefill": prefill, "grown": grown}
 
     def _to_audio(self, tokens: list[int], voice: Conditioning, generator: torch.Generator, speed: float,
                   lease: Any) -> torch.Tensor:
@@ -298,7 +310,7 @@ class ChatterboxModel(Model):
             raise InvalidRequest("Chatterbox takes the text as one string")
         seed = request.seed if request.seed is not None else secrets.randbits(63)
         generator = torch.Generator().manual_seed(seed)
-        voice = self._conditioning(request.voice, lease)
+        voice = self._conditioning(request.voice, lease, request.options)
         if request.stream:
             from mizuoto_chatterbox.stream import stream_audio
 
@@ -332,7 +344,7 @@ class ChatterboxEngine(Engine):
     description = "Chatterbox and Chatterbox-Turbo (Resemble AI), mizuoto-chatterbox plugin"
     capabilities = Capabilities(modes=frozenset({"preset", "clone", "cross_lingual"}), sample_rate=SAMPLE_RATE,
                                 stream_out=True, languages=("en",), voice_cache=True,
-                                options=ENGLISH_OPTIONS + (TURBO_OPTIONS[-1],))
+                                options=ENGLISH_OPTIONS + TURBO_ONLY)
 
     bench_random = ("chatterbox", "chatterbox-turbo")  # `mizuoto bench --random chatterbox`: full-size, random
 

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mizuoto.errors import InvalidRequest
 from mizuoto.nn.lm import logits as lp
 from mizuoto.nn.lm.decoder import Decoder, DecoderConfig
 from mizuoto.nn.lm.kv_cache import StaticKVCache
@@ -230,10 +231,16 @@ class T3(nn.Module):
                        max_new_tokens: int = TURBO_MAX_NEW_TOKENS, ban_stop: bool = False,
                        rows: Sequence[Any] | None = None) -> Iterator[int]:
         """Turbo's draws for GPT-2 text ids (L,), the stop token last when it was drawn (never with ban_stop);
+        a stop as the first draw does not end it (upstream's loop never sees that draw);
         rows: a `runtime.batching.DecodeBatcher` row (one) to run on."""
         start = torch.tensor([[START_SPEECH]])
         prompt = torch.cat([cond, self.text_emb(text.reshape(1, -1)), self.speech_emb(start)], dim=1)
-        forward = self._forward(rows, lambda h: self.speech_head(h[:, -1:])[:, -1, :], max_new_tokens + 1)
+        positions = self.tfmr.config.max_positions
+        if prompt.shape[1] > positions:
+            raise InvalidRequest(f"the text is too long for this model: {text.numel()} text ids with "
+                                 f"{cond.shape[1]} conditioning positions exceed its {positions} positions")
+        steps = min(max_new_tokens + 1, positions - prompt.shape[1])
+        forward = self._forward(rows, lambda h: self.speech_head(h[:, -1:])[:, -1, :], steps)
         logits = forward(prompt)
         drawn: list[int] = []
         for _ in range(max_new_tokens + 1):
@@ -246,8 +253,12 @@ class T3(nn.Module):
             token = int(torch.multinomial(F.softmax(scores, dim=-1), 1, generator=generator))
             yield token
             drawn.append(token)
-            if token == STOP_SPEECH:
+            # upstream draws the first token ahead of its loop and never checks it: a first stop is fed back
+            if token == STOP_SPEECH and len(drawn) > 1:
                 return
+            if prompt.shape[1] + len(drawn) > positions:  # upstream fails on GPT-2's position table here
+                raise InvalidRequest(f"the speech ran past this model's {positions} positions ({text.numel()} text "
+                                     f"ids, {len(drawn)} speech tokens); split the text into several requests")
             logits = forward(self.speech_emb(torch.tensor([[token]])))
 
     @staticmethod

@@ -18,12 +18,17 @@ def _clip(case):
     return case.path.parents[1] / case.spec["reference_clip"]  # case.json paths are relative to the tree's root
 
 
+def _load(case, source):
+    """load_clip as the case's generate call asked (Turbo's norm_loudness, upstream's default when unrecorded)."""
+    return load_clip(source, _turbo(case), case.spec["generate_kwargs"].get("norm_loudness", True))
+
+
 def test_clip_front_equals_upstreams(case):
     ref = case.tensors()
     if case.spec["mode"] != "clone":
         assert not set(CLONE_KEYS) & set(ref), "a preset case records no clip front"
         return
-    wav_16k, wav_24k = load_clip(_clip(case), _turbo(case))
+    wav_16k, wav_24k = _load(case, _clip(case))
     assert torch.equal(wav_16k, ref["clip_wav_16k"])
     assert torch.equal(wav_24k, ref["s3gen_ref_wav"])
     assert torch.equal(ve_mel(wav_16k), ref["ve_mel"])
@@ -33,7 +38,7 @@ def test_voice_encoder_embedding_of_a_clip_equals_upstreams(case):
     ref = case.tensors()
     if case.spec["mode"] != "clone":
         return
-    wav_16k, _ = load_clip(_clip(case), _turbo(case))
+    wav_16k, _ = _load(case, _clip(case))
     encoder = load_voice_encoder(case.model_dir / "ve.safetensors")
     assert torch.equal(encoder.embed(ve_mel(wav_16k), rate=VE_RATE), ref["t3_cond_speaker_emb"])
 
@@ -44,8 +49,8 @@ def test_a_clip_given_as_samples_equals_the_file(case):
     import soundfile as sf
 
     samples, rate = sf.read(str(_clip(case)), dtype="float32", always_2d=True)
-    from_file = load_clip(_clip(case), _turbo(case))
-    from_samples = load_clip((samples.T, rate), _turbo(case))
+    from_file = _load(case, _clip(case))
+    from_samples = _load(case, (samples.T, rate))
     assert all(torch.equal(a, b) for a, b in zip(from_file, from_samples))
 
 

@@ -1,8 +1,10 @@
 """The engine through Mizuoto's runtime against upstream's recorded `generate`: the whole request, torch.equal.
 
-Each case's text, seed and generation settings go through `Runtime.synthesize` (the settings as the
-model's declared request options); the audio before the watermark must equal upstream's. A case
-upstream failed in must fail here with a clear error.
+Each case's text, seed and every recorded `generate` argument go through `Runtime.synthesize` (the
+voice from `audio_prompt_path`, the rest as the model's declared request options; an argument the
+model refuses by design must be refused with a clear error, any other one fails the test); the text
+ids and T3 conditioning the engine fed T3, and the audio before the watermark, must equal upstream's.
+A case upstream failed in must fail here with a clear error.
 """
 
 import functools
@@ -28,13 +30,49 @@ def _loaded(model_dir) -> str:
     return _runtime().load(str(model_dir), watermark=False)
 
 
+def _refused(model) -> tuple[str, ...]:
+    """The upstream `generate` arguments the model refuses by design (upstream takes and ignores them)."""
+    from mizuoto_chatterbox.engine import TURBO_REFUSED
+
+    return TURBO_REFUSED if model.turbo else ()
+
+
 def _request(case) -> dict:
-    """The case as `Runtime.synthesize` keywords: settings the model does not take are those upstream ignores."""
+    """The case as `Runtime.synthesize` keywords: every recorded argument is the voice, a declared option or refused."""
     name = _loaded(case.model_dir)
-    declared = {o.name for o in _runtime().model(name).capabilities.options}
-    kw = case.spec["generate_kwargs"]
+    model = _runtime().model(name)
+    declared = {o.name for o in model.capabilities.options}
+    kw = dict(case.spec["generate_kwargs"])
+    prompt = kw.pop("audio_prompt_path")
+    assert (prompt is None) == (case.clip is None), "audio_prompt_path is the case's reference clip"
+    dropped = set(kw) - declared - set(_refused(model))
+    assert not dropped, f"upstream's generate arguments {sorted(dropped)} are neither taken nor refused"
     voice = "default" if case.clip is None else Reference(str(case.clip))
     return {"voice": voice, "seed": case.spec["seed"], "options": {k: v for k, v in kw.items() if k in declared}}
+
+
+def test_every_recorded_argument_is_taken_or_refused_clearly(case):
+    """A refused argument names itself; the request without it is what upstream computed (test below)."""
+    name = _loaded(case.model_dir)
+    model = _runtime().model(name)
+    request = _request(case)
+    for key in sorted(set(case.spec["generate_kwargs"]) & set(_refused(model))):
+        value = case.spec["generate_kwargs"][key]
+        with pytest.raises(InvalidRequest, match=f"no option '{key}'"):
+            _runtime().synthesize(name, case.spec["text"], **{**request, "options": {key: value}})
+
+
+def _t3_input(monkeypatch, model) -> dict:
+    """Wrap the model's T3 call: what the engine fed it (conditioning rows, text ids) lands in the returned dict."""
+    fed: dict = {}
+    attr = "generate_turbo" if model.turbo else "generate"
+    original = getattr(model.t3, attr)
+
+    def observed(cond, text, *args, **kwargs):
+        fed["cond"], fed["text"] = cond.clone(), text.clone()
+        return original(cond, text, *args, **kwargs)
+    monkeypatch.setattr(model.t3, attr, observed)
+    return fed
 
 
 def test_detected_without_naming_the_engine(case):
@@ -43,15 +81,19 @@ def test_detected_without_naming_the_engine(case):
     assert found == [("chatterbox", "turbo" if turbo else "english")]
 
 
-def test_a_request_equals_upstreams_audio(case):
-    """Preset and clone (the clip read and analysed here, as upstream's prepare_conditionals does)."""
+def test_a_request_equals_upstreams_audio(case, monkeypatch):
+    """Preset and clone (the clip read and analysed here, as upstream's prepare_conditionals does); T3's input
+    is compared too, as a random T3's draws hardly depend on the text."""
     name = _loaded(case.model_dir)
     if "expected_error" in case.spec:
         with pytest.raises(InvalidRequest, match="cfg_weight"):
             list(_runtime().synthesize(name, case.spec["text"], **_request(case)))
         return
     ref = case.tensors()
+    fed = _t3_input(monkeypatch, _runtime().model(name))
     chunks = list(_runtime().synthesize(name, case.spec["text"], **_request(case)))
+    assert torch.equal(fed["text"], ref["text_tokens"][0].long()), "the text ids T3 got differ from upstream's"
+    case.assert_equal(fed["cond"], "t3_cond_emb", "the conditioning the engine fed T3")
     assert len(chunks) == 1 and chunks[0].final and chunks[0].sample_rate == 24000
     wav = chunks[0].samples
     assert wav.shape == ref["wav_pre_watermark"].shape
@@ -87,6 +129,8 @@ def test_a_cloned_voice_is_cached_exported_and_imported_as_it_was(case):
     rt = _runtime()
     name = _loaded(case.model_dir)
     text, request = case.spec["text"], _request(case)
+    if "norm_loudness" in request["options"]:  # add_voice clones with upstream's default, the loudness gain on
+        request["options"]["norm_loudness"] = True
     direct = list(rt.synthesize(name, text, **request))[0].samples
     voice_id = f"clip-{case.name}"
     rt.add_voice(name, voice_id, str(case.clip))
@@ -152,6 +196,12 @@ def test_a_text_longer_than_the_position_tables_is_refused_with_its_length(case)
     t3 = model.t3
     limit = t3.text_pos_emb.num_embeddings if t3.text_pos_emb is not None else t3.tfmr.config.max_positions
     words = "word " * limit  # more ids than any table holds (a word is at least one id)
+    cut = model.text.max_length
+    if cut is not None and cut < limit:  # Turbo's tokenizer cuts the text first, as upstream's does
+        assert len(model.text.ids(words)) == cut
+        with pytest.raises(InvalidRequest, match="too long for this model"):  # a prompt that overflows still fails
+            model._check_length(limit, 1)
+        return
     with pytest.raises(InvalidRequest, match="too long for this model"):
         list(_runtime().synthesize(name, words, voice=_request(case)["voice"], seed=1))
 

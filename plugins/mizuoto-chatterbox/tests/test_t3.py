@@ -42,3 +42,23 @@ def test_the_static_cache_gives_the_dynamic_caches_numbers(case):
         for _ in range(8):
             step = torch.randn(rows, 1, cfg.hidden_size, generator=g)
             assert torch.equal(t3.tfmr(step, dynamic), t3.tfmr(step, static))
+
+
+def test_a_turbo_decode_that_reaches_the_position_table_fails_clearly(case):
+    """Upstream fails on GPT-2's position table there; a prompt past the table is refused before any pass."""
+    from mizuoto.errors import InvalidRequest
+
+    t3 = case.t3()
+    if not t3.turbo:
+        return
+    ref = case.tensors()
+    cond, positions = ref["t3_cond_emb"], t3.tfmr.config.max_positions
+    room = 3  # speech positions left after the prompt (conditioning, text, speech start)
+    text = torch.zeros(positions - cond.shape[1] - 1 - room, dtype=torch.long)
+    draws = t3.generate_turbo(cond, text, case.t3_options(), generator=torch.Generator().manual_seed(0),
+                              ban_stop=True)
+    assert len([next(draws) for _ in range(room + 1)]) == room + 1  # the last draw needs no pass
+    with pytest.raises(InvalidRequest, match="ran past this model's"):
+        next(draws)
+    with pytest.raises(InvalidRequest, match="too long for this model"):
+        next(t3.generate_turbo(cond, torch.zeros(positions, dtype=torch.long), case.t3_options()))

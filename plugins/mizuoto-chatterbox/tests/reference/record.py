@@ -401,6 +401,13 @@ LONG_TEXT = ("The old lighthouse keeper climbed the winding stairs every evening
              "at the top he lit the lamp, watched the ships pass in the dark, and wrote three lines in his "
              "logbook before the tea went cold.")
 
+# Turbo texts of a given length: the stop tilt (INIT) makes the stop token likely at once past ~350
+# positions (conditioning + text), so these shape Turbo's first draws without touching the model
+FOX = "The quick brown fox jumps over the lazy dog and keeps on running far away."
+TURBO_FIRST_STOP_TEXT = " ".join([FOX] * 2)  # 121 text ids: seed 31 draws the stop first, then speaks
+TURBO_SILENT_TEXT = " ".join([FOX] * 3)  # 182 text ids: seed 0 draws the stop twice, T3 speaks nothing
+TURBO_OVER_LIMIT_TEXT = " ".join([FOX] * 20)  # ~1200 text ids, past the tokenizer's model_max_length (1024)
+
 # name: (model, clip or None, text, seed, generate overrides)
 CASE_SPECS = {
     "en_preset_default": ("en", None, "Hello there, how are you today?", 0, {}),
@@ -418,6 +425,17 @@ CASE_SPECS = {
     # Turbo ignores cfg_weight, min_p and exaggeration (it logs a warning): set here, they must change nothing
     "turbo_preset_sigh_seed3": ("turbo", None, "Well [sigh] I suppose we can try again tomorrow.", 3,
                                 {"temperature": 0.7, "cfg_weight": 0.5, "min_p": 0.05, "exaggeration": 0.8}),
+    # Turbo's punc_norm keeps "...", ";" and " - " (English's turns them into ", ")
+    "turbo_preset_punctuation": ("turbo", None, "Wait... I think; no - let me check: it\u2019s fine\u2026 really",
+                                 1, {}),
+    "turbo_clone_no_loudness": ("turbo", "clip16k_6p5s.wav", "The reference keeps its own loudness here.", 17,
+                                {"norm_loudness": False}),
+    # upstream's first draw is outside its loop and never checked for the stop token: it draws on
+    "turbo_preset_first_stop": ("turbo", None, TURBO_FIRST_STOP_TEXT, 31, {}),
+    # every draw the stop token: S3Gen gets only the three silence tokens upstream appends
+    "turbo_preset_silent": ("turbo", None, TURBO_SILENT_TEXT, 0, {}),
+    # tokenized with truncation=True: cut to tokenizer_config.json's model_max_length
+    "turbo_preset_over_limit": ("turbo", None, TURBO_OVER_LIMIT_TEXT, 4, {}),
 }
 
 
