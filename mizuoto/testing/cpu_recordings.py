@@ -278,7 +278,7 @@ def _recorded_classes(full: Path) -> list[tuple[Path, CpuClass, dict[str, float]
     for folder in sorted(p for p in (full / CPU_FOLDER).glob("*") if p.is_dir()):
         metas = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("*/cases/*.json"))]
         if metas:
-            diffs = merge_bounds(*({kind(n): d for n, d in m.get("max_abs_diff", {}).items()} for m in metas))
+            diffs = merge_bounds(*({kind(n): d} for m in metas for n, d in m.get("max_abs_diff", {}).items()))
             out.append((folder, folder_class(folder, metas), diffs))
     return out
 
@@ -297,3 +297,16 @@ def recording_for(full: Path, cpu: CpuClass) -> CpuRecording:
 def recording_for_this_cpu(full: Path | None = None) -> CpuRecording:
     """The recording this machine's class is compared with, in `full` (default the fixtures' `full/`)."""
     return recording_for(full or fixtures_root() / "full", this_class())
+
+
+@functools.cache
+def tree_comparison(tree: str) -> Comparison:
+    """How a fixture tree other than `full/` (`frontend`, `cosyvoice`, ...) is compared on this machine's class.
+
+    Such a tree holds no recording of another class: on a class it was not recorded on, its float
+    tensors are compared within the spread the full-pipeline recordings measure for the same
+    quantity (a test names that kind: `seg.<i>.flow.<i>.mel` for a flow mel, ...).
+    """
+    full = recording_for_this_cpu()
+    return Comparison(full.cpu, None, full.cpu in recorded_on(fixtures_root() / tree), full.bounds,
+                      what=f"{tree}/ fixtures")

@@ -33,7 +33,7 @@ def _cpuinfo(vendor: str, model: str, family: str, number: str, flags: str) -> s
 @pytest.fixture
 def tree(tmp_path):
     """A `full/` folder with a Zen 4 and an AVX2 recording of one case (its chunk, the AVX2 one also its mel)."""
-    for folder, cpu, differs in (("some-amd", ZEN4, {"seg.0.chunk.0": 3e-7}),
+    for folder, cpu, differs in (("some-amd", ZEN4, {"seg.0.chunk.0": 3e-7, "seg.1.chunk.0": 1e-7}),
                                  ("amd-epyc-avx2", "AMD EPYC", {"seg.0.chunk.0": 1e-7, "seg.0.flow.0.mel": 5e-6})):
         cases = tmp_path / "cpu" / folder / "v9" / "cases"
         cases.mkdir(parents=True)
