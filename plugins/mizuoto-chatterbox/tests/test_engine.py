@@ -97,7 +97,7 @@ def test_a_request_equals_upstreams_audio(case, monkeypatch):
     assert len(chunks) == 1 and chunks[0].final and chunks[0].sample_rate == 24000
     wav = chunks[0].samples
     assert wav.shape == ref["wav_pre_watermark"].shape
-    assert torch.equal(wav, ref["wav_pre_watermark"]), float((wav - ref["wav_pre_watermark"]).abs().max())
+    case.assert_equal(wav, "wav_pre_watermark")
 
 
 def test_streaming_speaks_the_same_tokens_in_growing_chunks(case):
