@@ -16,8 +16,10 @@ in the tree's `cpu/<folder>/`, each naming its class (`cpu_class`, else the `cpu
   `torch.equal` to it;
 - none exists: integer tensors (text ids, speech tokens, draws) are still `torch.equal`; a float
   tensor is compared with the tree's own recording within the largest difference upstream itself
-  shows between the recorded classes for that kind of tensor (`bounds`, measured from the
-  recordings, printed), and bit-exactness is reported as not checkable here.
+  shows between the recorded classes for that kind of tensor, as a fraction of the tensor's
+  largest magnitude (`relative`, measured from the recordings, printed; a fraction carries over
+  to a case of other loudness or length, an absolute figure would not), and bit-exactness is
+  reported as not checkable here.
 
 The full-pipeline `cpu/` folders hold per case only the tensors that differ
 (`<v>/cases/<case>.{json,safetensors}`, `max_abs_diff` per name); whole-record trees (the
@@ -179,18 +181,25 @@ class Comparison:
 
     `folder` is the `cpu/` recording used (None: the tree's own); `exact` is False where no
     recording of this class exists; `bounds` holds, per tensor kind, the largest difference upstream
-    shows between the recorded classes (0 or absent: that kind never differed).
+    shows between the recorded classes (0 or absent: that kind never differed), `relative` the
+    same as a fraction of each tensor's largest magnitude.
     """
 
     cpu: CpuClass
     folder: Path | None
     exact: bool
     bounds: Mapping[str, float] = field(default_factory=dict)
+    relative: Mapping[str, float] = field(default_factory=dict)
     what: str = "the cases"
 
-    def bound(self, name: str) -> float:
-        """The difference a float tensor `name` may show here (0 where a recording exists)."""
-        return 0.0 if self.exact else float(self.bounds.get(kind(name), 0.0))
+    def bound(self, name: str, reference: torch.Tensor | None = None) -> float:
+        """The difference a float tensor `name` (upstream's value `reference`) may show here; 0 where recorded."""
+        if self.exact:
+            return 0.0
+        if reference is not None and kind(name) in self.relative:
+            scale = reference.detach().abs().max().item() if reference.numel() else 0.0
+            return float(self.relative[kind(name)]) * scale
+        return float(self.bounds.get(kind(name), 0.0))
 
     def describe(self) -> str:
         """One line for the test report: this CPU's class and what it was compared with."""
@@ -199,14 +208,15 @@ class Comparison:
         elif self.exact:
             how = "the fixtures' own recording (made on this class), torch.equal"
         else:
-            shown = ", ".join(f"{k} {v:.3g}" for k, v in sorted(self.bounds.items()) if v) or "none"
+            shown = ", ".join(f"{k} {v:.3g}" for k, v in sorted(self.relative.items()) if v) or "none"
             how = ("no recording of this class: bit-exactness is NOT checkable here; integer tensors torch.equal, "
-                   f"float tensors within what upstream shows between recorded classes ({shown}), else torch.equal")
+                   "float tensors within what upstream shows between recorded classes, as a fraction of the "
+                   f"tensor's largest value ({shown}), else torch.equal")
         return f"CPU class {self.cpu}: {self.what} compared with {how}"
 
     def assert_equal(self, ours: torch.Tensor, theirs: torch.Tensor, name: str, what: str) -> None:
         """`torch.equal`, or, on a class with no recording, a float tensor within its kind's bound."""
-        limit = self.bound(name) if theirs.is_floating_point() else 0.0
+        limit = self.bound(name, theirs) if theirs.is_floating_point() else 0.0
         if limit == 0.0 and torch.equal(ours, theirs):
             return
         assert ours.shape == theirs.shape and ours.dtype == theirs.dtype, \
@@ -225,15 +235,17 @@ def merge_bounds(*found: Mapping[str, float]) -> dict[str, float]:
     return out
 
 
-def measured_bounds(base: Mapping[str, torch.Tensor], other: Mapping[str, torch.Tensor]) -> dict[str, float]:
-    """Per kind, max |other - base| over the float tensors two whole records of one case share."""
+def measured_bounds(base: Mapping[str, torch.Tensor], other: Mapping[str, torch.Tensor],
+                    relative: bool = False) -> dict[str, float]:
+    """Per kind, max |other - base| (`relative`: over max |base|) of the float tensors two records of a case share."""
     out: dict[str, float] = {}
     for name, theirs in other.items():
         ours = base.get(name)
-        if ours is None or not ours.is_floating_point() or ours.shape != theirs.shape:
+        if ours is None or not ours.is_floating_point() or ours.shape != theirs.shape or not ours.numel():
             continue
-        diff = (theirs.double() - ours.double()).abs().max().item() if ours.numel() else 0.0
-        out = merge_bounds(out, {kind(name): diff})
+        diff = (theirs.double() - ours.double()).abs().max().item()
+        scale = ours.double().abs().max().item() if relative else 1.0
+        out = merge_bounds(out, {kind(name): diff / scale if scale else 0.0})
     return out
 
 
@@ -272,25 +284,51 @@ class CpuRecording(Comparison):
         meta["sha256_tts_speech_f32"] = found["sha256_tts_speech_f32"]
 
 
-def _recorded_classes(full: Path) -> list[tuple[Path, CpuClass, dict[str, float]]]:
-    """Each `full/cpu/<folder>` with the class it names and, per kind, the largest difference it records."""
+def _scale(full: Path, version: str, case: str, name: str) -> float:
+    """max |value| of a tensor of a full-pipeline case as the tree records it (aliases resolved)."""
+    path = full / version / "cases" / f"{case}.json"
+    tensors = _case_tensors(path)
+    value = tensors.get(name)
+    if value is None:
+        raise AssertionError(f"{path}: no tensor {name!r}, which a per-class recording lists")
+    return value.double().abs().max().item() if value.numel() else 0.0
+
+
+@functools.lru_cache(maxsize=8)
+def _case_tensors(path: Path) -> dict[str, torch.Tensor]:
+    from mizuoto.testing.fixtures import load_tensors
+
+    return load_tensors(path, json.loads(path.read_text(encoding="utf-8")))
+
+
+def _recorded_classes(full: Path) -> list[tuple[Path, CpuClass, dict[str, float], dict[str, float]]]:
+    """Each `full/cpu/<folder>` with its class and, per kind, the largest difference it records (absolute, relative)."""
     out = []
     for folder in sorted(p for p in (full / CPU_FOLDER).glob("*") if p.is_dir()):
-        metas = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("*/cases/*.json"))]
-        if metas:
-            diffs = merge_bounds(*({kind(n): d} for m in metas for n, d in m.get("max_abs_diff", {}).items()))
-            out.append((folder, folder_class(folder, metas), diffs))
+        paths = sorted(folder.glob("*/cases/*.json"))
+        metas = [json.loads(p.read_text(encoding="utf-8")) for p in paths]
+        if not metas:
+            continue
+        absolute: dict[str, float] = {}
+        relative: dict[str, float] = {}
+        for path, meta in zip(paths, metas):
+            for name, diff in meta.get("max_abs_diff", {}).items():
+                scale = _scale(full, path.parent.parent.name, path.stem, name)
+                absolute = merge_bounds(absolute, {kind(name): diff})
+                relative = merge_bounds(relative, {kind(name): diff / scale if scale else 0.0})
+        out.append((folder, folder_class(folder, metas), absolute, relative))
     return out
 
 
 def recording_for(full: Path, cpu: CpuClass) -> CpuRecording:
     """The recording of the `full` tree that class `cpu` is compared with (see the module docstring)."""
     recorded = _recorded_classes(full)
-    bounds = merge_bounds(*(diffs for _, _, diffs in recorded))
-    for folder, named, _ in recorded:
+    bounds = merge_bounds(*(a for _, _, a, _ in recorded))
+    relative = merge_bounds(*(r for _, _, _, r in recorded))
+    for folder, named, _, _ in recorded:
         if named == cpu:
-            return CpuRecording(cpu, folder, True, bounds)
-    return CpuRecording(cpu, None, cpu in recorded_on(full), bounds)
+            return CpuRecording(cpu, folder, True, bounds, relative)
+    return CpuRecording(cpu, None, cpu in recorded_on(full), bounds, relative)
 
 
 @functools.cache
@@ -308,5 +346,5 @@ def tree_comparison(tree: str) -> Comparison:
     quantity (a test names that kind: `seg.<i>.flow.<i>.mel` for a flow mel, ...).
     """
     full = recording_for_this_cpu()
-    return Comparison(full.cpu, None, full.cpu in recorded_on(fixtures_root() / tree), full.bounds,
+    return Comparison(full.cpu, None, full.cpu in recorded_on(fixtures_root() / tree), full.bounds, full.relative,
                       what=f"{tree}/ fixtures")

@@ -32,7 +32,14 @@ def _cpuinfo(vendor: str, model: str, family: str, number: str, flags: str) -> s
 
 @pytest.fixture
 def tree(tmp_path):
-    """A `full/` folder with a Zen 4 and an AVX2 recording of one case (its chunk, the AVX2 one also its mel)."""
+    """A `full/` folder with a Zen 4 and an AVX2 recording of one case (its chunk, the AVX2 one also its mel).
+
+    The case's own values have a largest magnitude of 1, so each relative bound equals the absolute one.
+    """
+    own = tmp_path / "v9" / "cases"
+    own.mkdir(parents=True)
+    save_file({n: torch.ones(4) for n in ("seg.0.chunk.0", "seg.1.chunk.0", "seg.0.flow.0.mel")}, str(own / "c.safetensors"))
+    (own / "c.json").write_text(json.dumps({"case": "c", "tensor_file": "c.safetensors"}))
     for folder, cpu, differs in (("some-amd", ZEN4, {"seg.0.chunk.0": 3e-7, "seg.1.chunk.0": 1e-7}),
                                  ("amd-epyc-avx2", "AMD EPYC", {"seg.0.chunk.0": 1e-7, "seg.0.flow.0.mel": 5e-6})):
         cases = tmp_path / "cpu" / folder / "v9" / "cases"
@@ -94,6 +101,8 @@ def test_unrecorded_classes_compare_floats_within_the_measured_bound_per_kind(tr
         rec = recording_for(tree, cpu)
         assert rec.folder is None and not rec.exact and "NOT checkable" in rec.describe()
         assert rec.bounds == {"seg.<i>.chunk.<i>": 3e-7, "seg.<i>.flow.<i>.mel": 5e-6}  # measured, largest per kind
+        assert rec.relative == rec.bounds  # the case's largest magnitude is 1
+        assert rec.bound("seg.0.flow.0.mel", torch.full((3,), -4.0)) == pytest.approx(2e-5)  # scales with the tensor
         assert "5e-06" in rec.describe()
         base = torch.linspace(-1, 1, 64)
         rec.assert_equal(base + 2e-7, base, "seg.3.chunk.2", "chunk")
@@ -126,9 +135,11 @@ def test_integer_tensors_never_differ_by_cpu(tree):
 
 
 def test_bounds_of_whole_records_are_measured_per_kind():
-    base = {"a.0.mel": torch.zeros(3), "a.1.mel": torch.zeros(2), "ids": torch.tensor([1, 2]), "only": torch.ones(1)}
-    other = {"a.0.mel": torch.tensor([0.0, 2e-6, 0.0]), "a.1.mel": torch.full((2,), -5e-6), "ids": torch.tensor([1, 2])}
-    assert measured_bounds(base, other) == pytest.approx({"a.<i>.mel": 5e-6})
+    base = {"a.0.mel": torch.full((3,), 4.0), "a.1.mel": torch.ones(2), "ids": torch.tensor([1, 2]), "only": torch.ones(1)}
+    other = {"a.0.mel": torch.tensor([4.0, 4 + 2**-17, 4.0]), "a.1.mel": torch.full((2,), 1 - 2**-18),
+             "ids": torch.tensor([1, 2])}
+    assert measured_bounds(base, other) == {"a.<i>.mel": 2**-17}  # the larger absolute difference
+    assert measured_bounds(base, other, relative=True) == {"a.<i>.mel": 2**-18}  # the larger fraction
     assert kind("seg.12.hift.0.speech") == "seg.<i>.hift.<i>.speech" and kind("ve_mel") == "ve_mel"
 
 

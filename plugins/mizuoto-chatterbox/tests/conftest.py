@@ -38,7 +38,7 @@ def _classes() -> dict:
     """Class -> its folder; and, per tensor key, the largest difference between any two recorded classes."""
     from mizuoto.testing.cpu_recordings import folder_class, measured_bounds, merge_bounds
 
-    folders, bounds = {}, {}
+    folders, bounds, relative = {}, {}, {}
     for folder in class_folders():
         named = folder_class(folder, [json.loads(p.read_text(encoding="utf-8"))
                                       for p in folder.glob("cases/*/case.json")])
@@ -48,8 +48,10 @@ def _classes() -> dict:
         for record in sorted(folder.glob(f"cases/*/{RECORD}")):
             own = ROOT / "cases" / record.parent.name / RECORD
             if own.is_file():
-                bounds = merge_bounds(bounds, measured_bounds(load_file(str(own)), load_file(str(record))))
-    return {"folders": folders, "bounds": bounds}
+                base, other = load_file(str(own)), load_file(str(record))
+                bounds = merge_bounds(bounds, measured_bounds(base, other))
+                relative = merge_bounds(relative, measured_bounds(base, other, relative=True))
+    return {"folders": folders, "bounds": bounds, "relative": relative}
 
 
 @dataclass(frozen=True)
@@ -78,8 +80,9 @@ class Case:
         cpu, found = this_class(), _classes()
         folder = found["folders"].get(cpu)
         if folder is not None and (folder / "cases" / self.name / RECORD).is_file():
-            return Comparison(cpu, folder, True, found["bounds"], what="Chatterbox cases")
-        return Comparison(cpu, None, cpu in recorded_on(ROOT), found["bounds"], what="Chatterbox cases")
+            return Comparison(cpu, folder, True, found["bounds"], found["relative"], what="Chatterbox cases")
+        return Comparison(cpu, None, cpu in recorded_on(ROOT), found["bounds"], found["relative"],
+                          what="Chatterbox cases")
 
     def tensors(self) -> dict:
         """The case's recorded tensors: this CPU class's record where the tree has one."""
