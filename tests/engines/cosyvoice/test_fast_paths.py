@@ -20,6 +20,7 @@ from mizuoto.engines.cosyvoice.variants import find_variant, load_config
 from mizuoto.errors import MizuotoError
 from mizuoto.runtime.options import parse_options
 from mizuoto.testing.cosyvoice_cases import assemble_model_dir, bistream_text, list_cases, load_case
+from mizuoto.testing.cpu_recordings import tree_comparison
 
 CASES = list_cases()
 
@@ -148,12 +149,14 @@ def test_compile_keeps_the_mel_within_tolerance(model):
     flow call: max |compiled - eager| = 9.7e-6 with max |mel| = 5.9, i.e. about 20 float32 ulps at
     that magnitude, from inductor's fused and reordered reductions over the 10 ODE steps. The
     tolerance is 2.5e-6 relative to the mel's largest magnitude (1.5e-5 there; measured 1.6e-6); eager stays equal
-    to upstream.
+    to upstream (on a CPU class the cases were not recorded on: within upstream's own flow mel spread,
+    mizuoto.testing.cpu_recordings). The compiled mel is compared with the eager one, not a recording.
     """
     ref = FLOW_CASES[0]
     case = load_case(ref)
     eager = _flow(model(ref.model_dir), case)
-    assert torch.equal(eager, case["flow.0.mel"])
+    tree_comparison("cosyvoice").assert_equal(eager, case["flow.0.mel"], "seg.<i>.flow.<i>.mel",
+                                              f"{ref.id} eager flow mel")
     m = model(ref.model_dir, **{"compute.compile": True})
     est = m.flow.decoder.estimator
     assert getattr(est, "_compiled_call_impl", None) is not None, "the estimator was not compiled"

@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 import mizuoto.runtime.convert.onnx as conv
 from mizuoto.runtime.convert.s3tokenizer import load_s3tokenizer
 from mizuoto.errors import InvalidRequest
+from mizuoto.testing.cpu_recordings import tree_comparison
 from mizuoto.testing.fixtures import fixture_path
 from mizuoto.testing.mkl_intel import require_intel_path
 
@@ -133,14 +134,17 @@ def test_end_to_end_from_the_wav_file(models, refs, clip):
     """wav -> load_wav(16 kHz) -> Whisper log-mel (ours) -> tokens, against onnxruntime's tokens.
 
     The log-mel from the wav is the recorded one bit for bit (MKL on the recording machine's
-    code paths, see tests/nn/dsp/test_mel.py), so the tokens are those of the recorded mel.
+    code paths, see tests/nn/dsp/test_mel.py), so the tokens are those of the recorded mel. On a
+    CPU class the references were not recorded on, the log-mel is within the front end's measured
+    spread (mizuoto.testing.cpu_recordings); the tokens, integers, stay equal.
     """
     from mizuoto.nn.dsp import load_wav, whisper_log_mel
 
     require_intel_path()
     info = json.loads((_FRONTEND / "manifest.json").read_text())["clips"][clip]
     mel = whisper_log_mel(load_wav(_FRONTEND / info["wav"], 16000), 128)
-    assert torch.equal(mel, refs[clip]["whisper_logmel128"])
+    tree_comparison("frontend").assert_equal(mel, refs[clip]["whisper_logmel128"], "seg.<i>.input.prompt_speech_feat",
+                                             f"{clip} whisper_logmel128 from wav")
     for version, model in models.items():
         with torch.inference_mode():
             tokens, _ = model(mel)

@@ -15,6 +15,11 @@ not. At 1, 3 or 4 threads (K not split) every reference is equal bit for bit; at
 log-mel moves by up to 4.8e-7 (a few float32 eps of the sum) in 1-3% of its values. Products
 with K=201, 257 or 513 are not split. So the Matcha parity check runs with one MKL thread, and
 a second test bounds what the suite's 2 threads give: max abs 1e-6 (measured 4.8e-7).
+
+The references were recorded on one CPU class (mizuoto.testing.cpu_recordings): there the checks
+above hold as stated; on a class they were not recorded on, each mel may also move by the spread
+upstream's own front end shows between the recorded classes (the full-pipeline kind
+`seg.<i>.input.prompt_speech_feat`), added to the 2-thread tolerance.
 """
 
 import dataclasses
@@ -28,10 +33,12 @@ import torch
 from mizuoto.nn.dsp import MatchaMelConfig, matcha_mel, slaney_mel_filters, whisper_log_mel
 from mizuoto.errors import InvalidRequest, ModelLoadError
 from mizuoto.runtime.hyperyaml import load_hyperyaml
+from mizuoto.testing.cpu_recordings import tree_comparison
 from mizuoto.testing.fixtures import fixture_path
 
 PROMPT_MEL_RATE = 24000  # every CosyVoice version computes its prompt mel on 24 kHz audio
 SPLIT_SUM_ATOL = 1e-6  # the suite's 2 threads vs the unsplit sgemm reduction (see above)
+FEATURES = "seg.<i>.input.prompt_speech_feat"  # the full-pipeline kind of the front end's features
 
 
 def _yaml_mel_configs() -> dict[Path, MatchaMelConfig]:
@@ -59,7 +66,7 @@ def test_whisper_log_mel_equals_reference(clip, speech_at, refs, n_mels, intel_m
     ours = whisper_log_mel(speech[None], n_mels)
     assert ours.shape == (1, n_mels, speech.shape[0] // 160)
     ref = refs[f"whisper_logmel{n_mels}"]
-    assert torch.equal(ours, ref), f"{clip} whisper_logmel{n_mels}: max abs {(ours - ref).abs().max().item():.3g}"
+    tree_comparison("frontend").assert_equal(ours, ref, FEATURES, f"{clip} whisper_logmel{n_mels}")
 
 
 @contextmanager
@@ -97,7 +104,7 @@ def test_matcha_mel_equals_reference_for_every_model_config(
         for name, config, rate in _matcha_cases(clip_info, refs, mel_configs, parse_rate):
             ours, ref = matcha_mel(speech_at(rate)[None], config), refs[name]
             assert ours.shape == ref.shape, f"{clip} {name}: shape {tuple(ours.shape)} vs {tuple(ref.shape)}"
-            assert torch.equal(ours, ref), f"{clip} {name}: max abs {(ours - ref).abs().max().item():.3g}"
+            tree_comparison("frontend").assert_equal(ours, ref, FEATURES, f"{clip} {name}")
 
 
 def test_matcha_mel_at_the_suites_thread_count(clip, clip_info, speech_at, refs, mel_configs, parse_rate, intel_mkl):
@@ -106,7 +113,8 @@ def test_matcha_mel_at_the_suites_thread_count(clip, clip_info, speech_at, refs,
         ours, ref = matcha_mel(speech_at(rate)[None], config), refs[name]
         assert ours.shape == ref.shape, f"{clip} {name}: shape {tuple(ours.shape)} vs {tuple(ref.shape)}"
         err = (ours - ref).abs().max().item()
-        assert err <= SPLIT_SUM_ATOL, f"{clip} {name}: max abs {err:.3g} at {torch.get_num_threads()} threads"
+        limit = SPLIT_SUM_ATOL + tree_comparison("frontend").bound(FEATURES, ref)  # plus upstream's spread, unrecorded
+        assert err <= limit, f"{clip} {name}: max abs {err:.3g} > {limit:.3g} at {torch.get_num_threads()} threads"
 
 
 def test_configs_with_equal_fmax_do_not_share_a_filterbank(manifest, mel_configs):

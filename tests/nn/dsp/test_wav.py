@@ -8,6 +8,9 @@ import torch
 from mizuoto.nn.dsp import load_wav, read_audio, to_mono, wav_bytes, write_wav
 from mizuoto.nn.dsp.wav import to_pcm16
 from mizuoto.errors import AudioError
+from mizuoto.testing.cpu_recordings import tree_comparison
+
+FRONT_END = "seg.<i>.input.prompt_speech_feat"  # the full-pipeline kind of the front end's spread
 
 
 def test_clip_decodes_to_reference_audio(clip, clip_info, wav_path, refs):
@@ -19,12 +22,16 @@ def test_clip_decodes_to_reference_audio(clip, clip_info, wav_path, refs):
 
 
 def test_load_wav_matches_upstream_at_every_recorded_rate(clip, clip_info, wav_path, refs, parse_rate):
-    """load_wav(path, rate) equals upstream's load_wav for the native rate and every recorded resampling."""
+    """load_wav(path, rate) equals upstream's load_wav for the native rate and every recorded resampling.
+
+    The decoded samples (int16 / 32768) are equal on every CPU; a resampling is equal on the class
+    the references were recorded on, else within the front end's measured spread (cpu_recordings).
+    """
     assert torch.equal(load_wav(wav_path, clip_info["sample_rate"])[0], refs["audio"])
     for name in (n for n in refs if n.startswith("resampled_")):
         ours = load_wav(wav_path, parse_rate(name[len("resampled_"):]))
         assert ours.shape == (1, refs[name].shape[0]), name
-        assert torch.equal(ours[0], refs[name]), name
+        tree_comparison("frontend").assert_equal(ours[0], refs[name], FRONT_END, f"{clip} {name}")
 
 
 def _pcm16(n: int, channels: int = 1, seed: int = 0) -> torch.Tensor:

@@ -1,4 +1,11 @@
-"""CAM++ built from campplus.onnx vs onnxruntime's recorded embeddings."""
+"""CAM++ built from campplus.onnx vs onnxruntime's recorded embeddings.
+
+The recorded features and embeddings were made on one CPU class (mizuoto.testing.cpu_recordings):
+there the checks hold as written; on a class they were not recorded on, features may differ by
+the front end's measured spread (full-pipeline kind `seg.<i>.input.prompt_speech_feat`) and an
+embedding by upstream's measured embedding spread (`seg.<i>.input.llm_embedding`), added to the
+check's own tolerance.
+"""
 
 import json
 import re
@@ -14,10 +21,13 @@ import mizuoto.runtime.convert.onnx as conv
 from mizuoto.runtime.convert.campplus import load_campplus
 from mizuoto.nn.speaker.campplus import CAMPPlus
 from mizuoto.runtime.convert.campplus import node_scope
+from mizuoto.testing.cpu_recordings import tree_comparison
 from mizuoto.testing.fixtures import fixture_path
 from mizuoto.testing.mkl_intel import require_intel_path
 
 REL = 1e-5
+FEATURES = "seg.<i>.input.prompt_speech_feat"  # full-pipeline kinds (cpu_recordings)
+EMBEDDING = "seg.<i>.input.llm_embedding"
 _FRONTEND = fixture_path("frontend")
 _CLIPS = sorted(json.loads((_FRONTEND / "manifest.json").read_text())["clips"])
 _ONNX = _FRONTEND / "models" / "campplus.onnx"  # the file name upstream model dirs use
@@ -97,14 +107,18 @@ def test_end_to_end_from_the_wav_file(model, clip):
     require_intel_path()
     info = json.loads((_FRONTEND / "manifest.json").read_text())["clips"][clip]
     ref = load_file(str(_FRONTEND / "refs" / f"{clip}.safetensors"))
+    cpu = tree_comparison("frontend")
     feats = mean_normalize(kaldi_fbank(load_wav(_FRONTEND / info["wav"], 16000)))
-    assert torch.equal(feats, ref["kaldi_fbank_cmn"])
+    cpu.assert_equal(feats, ref["kaldi_fbank_cmn"], FEATURES, f"{clip} kaldi_fbank_cmn from wav")
     expected = ref["campplus_embedding"]
     with torch.inference_mode():
         emb = model(feats)
-    rel = ((emb - expected).abs().max() / expected.abs().max()).item()
+    assert emb.shape == expected.shape
+    diff = (emb - expected).abs().max().item()
+    rel = diff / expected.abs().max().item()
+    limit = REL * expected.abs().max().item() + cpu.bound(EMBEDDING, expected)  # plus upstream's spread, unrecorded
     print(f"{clip} from wav: max|ours-ort|/max|ort| = {rel:.2e}")
-    assert emb.shape == expected.shape and rel <= REL
+    assert diff <= limit, f"{clip} from wav: max abs diff {diff:.3g} (relative {rel:.2e}) > {limit:.3g}"
 
 
 @pytest.fixture
@@ -127,10 +141,12 @@ def test_onnxruntime_order_gives_onnxruntimes_embedding(model, clip):
     assert emb.shape == expected.shape and emb.dtype == torch.float32
     diff = (emb - expected).abs().max().item()
     print(f"{clip}: T={ref['kaldi_fbank_cmn'].shape[0]} onnxruntime order: max|ours-ort| = {diff:.3g}")
+    cpu = tree_comparison("frontend")
     if ort_order._fused_addcmul():
-        assert torch.equal(emb, expected)
+        cpu.assert_equal(emb, expected, EMBEDDING, f"{clip} onnxruntime-order embedding")
     else:  # float64 steps round twice: a rare one-ulp difference may remain
-        assert diff <= 6e-6
+        limit = 6e-6 + cpu.bound(EMBEDDING, expected)  # plus upstream's own spread where unrecorded
+        assert diff <= limit, f"{clip} onnxruntime-order embedding: max abs diff {diff:.3g} > {limit:.3g}"
 
 
 @pytest.mark.usefixtures("one_thread")
