@@ -169,3 +169,17 @@ def test_the_trees_recordings_apply_to_its_cases():
 
 def test_this_machine_has_a_class():
     assert this_class().isa in ("baseline", "avx2", "avx512", "amx")
+
+
+def test_a_log_spectrum_is_compared_as_energies_where_unrecorded(tree):
+    """A near-empty band's log may move far; its energy cannot, and a loud band's may not move past the bound."""
+    rec = recording_for(tree, CpuClass("intel", "avx2"))
+    theirs = torch.tensor([0.0, -20.0])  # energies 1 and 2e-9: the largest is 1
+    quiet_moved = torch.tensor([0.0, -19.0])  # its energy moves by 3e-9, its log by 1
+    rec.assert_equal(quiet_moved, theirs, "seg.0.flow.0.mel", "quiet band", log=True)
+    with pytest.raises(AssertionError):
+        rec.assert_equal(quiet_moved, theirs, "seg.0.flow.0.mel", "as logs")
+    with pytest.raises(AssertionError, match="max abs diff"):
+        rec.assert_equal(torch.tensor([1e-5, -20.0]), theirs, "seg.0.flow.0.mel", "loud band", log=True)
+    with pytest.raises(AssertionError):  # where recorded, torch.equal still
+        recording_for(tree, CpuClass("amd", "avx2")).assert_equal(quiet_moved, theirs, "seg.0.flow.0.mel", "", log=True)
