@@ -9,7 +9,8 @@ from mizuoto.engines.cosyvoice.train.features import FILES, extract_features, lo
 from mizuoto.engines.cosyvoice.train.recipe import read_recipe
 from mizuoto.engines.cosyvoice.variants import find_variant, load_config
 
-from mizuoto.testing.train_cases import train_versions
+from mizuoto.testing.cpu_recordings import tree_comparison
+from mizuoto.testing.train_cases import TRAIN_TREE, train_versions
 
 # Issue 13: every utterance's and speaker's embedding within 6e-6 of upstream's, max abs. (CAM++ runs in
 # onnxruntime's float32 order for this stage; on the fixtures the embeddings come out equal.)
@@ -32,7 +33,9 @@ def test_features_match_upstream(version, assembled, tmp_path):
     tokens, utt_emb, spk_emb = ours
     for utt, ref_tokens in ref[0].items():
         assert tokens[utt] == list(ref_tokens), f"speech tokens of {utt}"
+    cpu = tree_comparison(TRAIN_TREE)  # on a class with no training recording, upstream's own spread on top
     for mine, theirs in ((utt_emb, ref[1]), (spk_emb, ref[2])):
         for key, value in theirs.items():
             diff = (torch.tensor(mine[key]) - torch.tensor(value)).abs().max().item()
-            assert diff <= EMBEDDING_ABS, f"{key}: embedding differs by {diff:.3g} (max abs)"
+            limit = EMBEDDING_ABS + cpu.bound("seg.<i>.input.llm_embedding", torch.tensor(value))
+            assert diff <= limit, f"{key}: embedding differs by {diff:.3g} (max abs), limit {limit:.3g}"

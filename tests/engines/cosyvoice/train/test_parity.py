@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from mizuoto.engines.cosyvoice.train.session import StageSpec, run_training
-from mizuoto.testing.train_cases import (check_checkpoints, check_records, fewest_workers, model_dir_of, run_meta,
-                                         sha256, train_runs)
+from mizuoto.testing.cpu_recordings import tree_comparison
+from mizuoto.testing.train_cases import (TRAIN_TREE, assert_same_float, check_checkpoints, check_records,
+                                         fewest_workers, model_dir_of, run_meta, sha256, train_runs)
 
 RUNS = train_runs()
 def train_run(run: Path, workers: int, model_dir: Path, out: Path, memory: bool = False):
@@ -34,7 +35,12 @@ def test_run_matches_upstream(run, workers, assembled, tmp_path):
     assert [(s["name"], s["epoch"], s["step"]) for s in log.saves] == \
         [(s["name"], s["epoch"], s["step"]) for s in ref["saves"]]
     for mine, theirs in zip(log.cv_summary, ref["cv_summary"]):
-        assert mine["loss_dict"] == theirs["loss_dict"]
+        if tree_comparison(TRAIN_TREE).exact:
+            assert mine["loss_dict"] == theirs["loss_dict"]
+        else:  # a class the runs were not recorded on: upstream's own last bits move
+            assert set(mine["loss_dict"]) == set(theirs["loss_dict"])
+            for key, value in theirs["loss_dict"].items():
+                assert_same_float(mine["loss_dict"][key], value, f"cv summary {key}")
     check_checkpoints(tmp_path / run.name, run, workers, meta)
 
 
