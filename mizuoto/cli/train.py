@@ -52,9 +52,9 @@ def run_train(args: argparse.Namespace) -> int:
     if args.threads is not None:
         if args.threads < 1:
             raise InvalidRequest(f"--threads must be 1 or more, got {args.threads}")
-        from mizuoto.runtime.compute_threads import set_compute_threads
+        from mizuoto.runtime.compute_threads import fix_compute_threads
 
-        set_compute_threads(args.threads)
+        fix_compute_threads(args.threads)  # this process's training only: no Runtime or child takes it over
     req = TrainRequest(args.method, Path(args.model_dir), Path(args.data), Path(args.out),
                        tuple(args.stage or ()), Path(args.config) if args.config else None, args.workers,
                        args.device, resume=args.resume, average_num=args.average, **_options(args.train_option))

@@ -24,6 +24,8 @@ in the tree's `cpu/<folder>/`, each naming its class (`cpu_class`, else the `cpu
 The full-pipeline `cpu/` folders hold per case only the tensors that differ
 (`<v>/cases/<case>.{json,safetensors}`, `max_abs_diff` per name); whole-record trees (the
 Chatterbox plugin's) measure their bounds from the records themselves (`measured_bounds`).
+Trees that hold one class's recording only (`frontend/`, `cosyvoice/`, `train/`) borrow, where
+unrecorded, the full-pipeline spread of the same quantity (`tree_comparison`).
 """
 
 from __future__ import annotations
