@@ -132,19 +132,22 @@ def test_a_cloned_voice_is_cached_exported_and_imported_as_it_was(case):
     if "norm_loudness" in request["options"]:  # add_voice clones with upstream's default, the loudness gain on
         request["options"]["norm_loudness"] = True
     direct = list(rt.synthesize(name, text, **request))[0].samples
-    voice_id = f"clip-{case.name}"
+    voice_id, copy_id = f"clip-{case.name}", f"clip-{case.name}-copy"
     rt.add_voice(name, voice_id, str(case.clip))
+    imported = False
     try:
         cached = list(rt.synthesize(name, text, **{**request, "voice": voice_id}))[0].samples
         assert torch.equal(cached, direct)
         model = rt.model(name)
         prompt = model.export_voice(voice_id)
-        model.import_voice(voice_id + "-copy", prompt)
-        copied = list(rt.synthesize(name, text, **{**request, "voice": voice_id + "-copy"}))[0].samples
+        model.import_voice(copy_id, prompt)
+        imported = True
+        copied = list(rt.synthesize(name, text, **{**request, "voice": copy_id}))[0].samples
         assert torch.equal(copied, direct)
-    finally:
+    finally:  # only what was made is removed, so a failure above is the one reported
         rt.remove_voice(voice_id, name)
-        rt.model(name).remove_voice(voice_id + "-copy")
+        if imported:
+            rt.model(name).remove_voice(copy_id)
 
 
 class _Perth:
