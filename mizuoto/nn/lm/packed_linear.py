@@ -15,9 +15,9 @@ a row's result depends neither on the other rows nor on its position
 (tests/nn/lm/test_packed_linear.py), which is what the batch needs: MKL's sgemm takes the rows in
 panels, and a row in a partial last panel goes through an edge kernel that sums in another order
 (its AVX2 kernels: panels of ROW_PANEL rows, rows 7-9 of 9 differ by place), so the rows are
-zero-padded to whole panels first (on AVX-512 no row depends on its place at any count). The blocks replace the dense
-weight: the same bytes, as a buffer (plus zero columns that fill the last block when `out` is not
-a multiple of BLOCK).
+zero-padded to whole panels first (on AVX-512 no row depends on its place at any count; 8 rows
+now multiply 12, the figures above predate that). The blocks replace the dense weight: the same
+bytes, as a buffer (plus zero columns that fill the last block when `out` is not a multiple of BLOCK).
 """
 
 from __future__ import annotations
