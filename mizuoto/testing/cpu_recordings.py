@@ -48,6 +48,13 @@ VENDORS = {"GenuineIntel": "intel", "AuthenticAMD": "amd"}
 # The class the fixture trees' own recordings were made on (full/README.md: an Intel CPU; the
 # recording machine and this project's Intel machines are Xeons with AVX-512 and AMX).
 RECORDED_ON = ("intel-amx",)
+# The full-pipeline kinds a test of another tree names for its quantity (`tree_comparison`)
+FRONT_END = "seg.<i>.input.prompt_speech_feat"  # the prompt mel: the front end's features and waveforms
+EMBEDDING = "seg.<i>.input.llm_embedding"  # CAM++'s speaker embedding
+FLOW_MEL = "seg.<i>.flow.<i>.mel"
+HIFT_MEL = "seg.<i>.hift.<i>.mel"
+SPEECH = "seg.<i>.hift.<i>.speech"  # HiFT's speech (and its source, at the same rate)
+CHUNK = "seg.<i>.chunk.<i>"
 _FLAG = re.compile(r"avx512\w*|amx\w*")
 _INDEX = re.compile(r"\.\d+(?=\.|$)")
 

@@ -22,8 +22,7 @@ EMPTY_TEXT = "You need to add some text for me to talk."
 # (what, replacement), applied in this order: upstream's tts.py (English) and tts_turbo.py (Turbo)
 REPLACEMENTS = (("...", ", "), ("\u2026", ", "), (":", ","), (" - ", ", "), (";", ", "), ("\u2014", "-"),
                 ("\u2013", "-"), (" ,", ","), ("\u201c", '"'), ("\u201d", '"'), ("\u2018", "'"), ("\u2019", "'"))
-TURBO_REPLACEMENTS = (("\u2026", ", "), (":", ","), ("\u2014", "-"), ("\u2013", "-"), (" ,", ","), ("\u201c", '"'),
-                      ("\u201d", '"'), ("\u2018", "'"), ("\u2019", "'"))
+TURBO_REPLACEMENTS = tuple(r for r in REPLACEMENTS if r[0] not in ("...", " - ", ";"))  # Turbo keeps these
 TOKENIZER_CONFIG = "tokenizer_config.json"
 ENDINGS = (".", "!", "?", "-", ",")
 SPACE = "[SPACE]"

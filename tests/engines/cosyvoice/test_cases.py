@@ -23,7 +23,7 @@ from mizuoto.engines.cosyvoice.engine import CosyVoiceEngine
 from mizuoto.engines.cosyvoice.synthesis import request_generators
 from mizuoto.runtime.options import LoadOptions
 from mizuoto.testing.cosyvoice_cases import CaseRef, assemble_model_dir, list_cases, load_case
-from mizuoto.testing.cpu_recordings import tree_comparison
+from mizuoto.testing.cpu_recordings import CHUNK, FLOW_MEL, HIFT_MEL, SPEECH, tree_comparison
 
 CASES = list_cases()
 _MODELS: dict[Path, object] = {}
@@ -99,14 +99,14 @@ def test_case_matches_upstream(models, ref: CaseRef):
     assert len(rec.flow) == len(case.meta["flow_calls"]), "number of flow calls"
     for i, (token, mel) in enumerate(rec.flow):
         _equal(token, case.get(f"flow.{i}.token").to(torch.int32), f"flow call {i} tokens")
-        _equal(mel, case.get(f"flow.{i}.mel"), f"flow call {i} mel", "seg.<i>.flow.<i>.mel")
+        _equal(mel, case.get(f"flow.{i}.mel"), f"flow call {i} mel", FLOW_MEL)
     assert len(rec.hift) == len(case.meta["hift_calls"]), "number of vocoder calls"
     for i, (mel, speech) in enumerate(rec.hift):
-        _equal(mel, case.get(f"hift.{i}.mel"), f"vocoder call {i} mel", "seg.<i>.hift.<i>.mel")
-        _equal(speech, case.get(f"hift.{i}.speech"), f"vocoder call {i} speech", "seg.<i>.hift.<i>.speech")
+        _equal(mel, case.get(f"hift.{i}.mel"), f"vocoder call {i} mel", HIFT_MEL)
+        _equal(speech, case.get(f"hift.{i}.speech"), f"vocoder call {i} speech", SPEECH)
     assert len(chunks) == case.meta["n_chunks"], "number of chunks"
     for i, chunk in enumerate(chunks):
-        _equal(chunk, case.get(f"output.chunk.{i}"), f"chunk {i}", "seg.<i>.chunk.<i>")
+        _equal(chunk, case.get(f"output.chunk.{i}"), f"chunk {i}", CHUNK)
 
 
 LM_CASES = [r for r in CASES if r.has("lm.tokens_raw", "input.text") and not load_case(r).meta["stream"]]

@@ -31,12 +31,11 @@ from mizuoto.nn.flow.cfm import FIXED_NOISE_SHAPE, fixed_noise
 from mizuoto.errors import InvalidRequest, ModelLoadError
 from mizuoto.runtime.hyperyaml import load_hyperyaml
 from mizuoto.testing.cosyvoice_cases import CaseRef, list_cases, load_case
-from mizuoto.testing.cpu_recordings import tree_comparison
+from mizuoto.testing.cpu_recordings import FLOW_MEL, tree_comparison
 from mizuoto.testing.fixtures import fixtures_root
 from mizuoto.testing.mkl_intel import require_intel_path
 
 SUPPORTED = {"CausalMaskedDiffWithXvec", "MaskedDiffWithXvec"}
-FLOW_MEL = "seg.<i>.flow.<i>.mel"  # the full-pipeline kind of a flow call's mel
 
 
 def _flow_class(model_dir: Path) -> str:

@@ -33,7 +33,7 @@ from mizuoto.nn.vocoders.layers import fold_weight_norm
 from mizuoto.errors import ModelLoadError
 from mizuoto.runtime.hyperyaml import load_hyperyaml
 from mizuoto.testing.cosyvoice_cases import list_cases, load_case
-from mizuoto.testing.cpu_recordings import tree_comparison
+from mizuoto.testing.cpu_recordings import SPEECH, tree_comparison
 from mizuoto.testing.mkl_intel import require_intel_path
 
 
@@ -51,7 +51,6 @@ def _standalone(ref) -> bool:
 
 CASES = [ref for ref in list_cases() if _standalone(ref)]
 assert CASES, "no HiFT case reproducible standalone in the fixtures"
-SPEECH = "seg.<i>.hift.<i>.speech"  # the full-pipeline kind of a HiFT call's speech (also its source's)
 
 
 def _run_cases(refs) -> dict[str, list[dict]]:

@@ -27,12 +27,11 @@ import torch
 
 from mizuoto.runtime.hyperyaml import load_hyperyaml
 from mizuoto.testing.cosyvoice_cases import list_cases, load_case
-from mizuoto.testing.cpu_recordings import tree_comparison
+from mizuoto.testing.cpu_recordings import FRONT_END, tree_comparison
 from mizuoto.testing.mkl_intel import require_intel_path
 
 PROMPT_CASES = [r for r in list_cases() if r.has("input.prompt_wav_24k", "input.prompt_speech_feat",
                                                  "input.flow_prompt_speech_token")]
-PROMPT_MEL = "seg.<i>.input.prompt_speech_feat"  # the full-pipeline kind of the prompt mel
 
 
 def test_prompt_cases_were_found():
@@ -69,14 +68,14 @@ def test_prompt_mel_and_alignment_equal_upstream(runtime, ref, monkeypatch, thre
     cpu = tree_comparison("cosyvoice")
     prompt = _prompt(frontend, wav, want_tokens, monkeypatch)
     assert prompt["prompt_speech_feat"].shape == want_feat.shape
-    cpu.assert_equal(prompt["prompt_speech_feat"], want_feat, PROMPT_MEL, f"{ref.id} prompt mel")
+    cpu.assert_equal(prompt["prompt_speech_feat"], want_feat, FRONT_END, f"{ref.id} prompt mel")
     assert torch.equal(prompt["flow_prompt_speech_token"], want_tokens)
     assert torch.equal(prompt["llm_prompt_speech_token"], want_tokens)
 
     # upstream aligns only for 24 kHz models: min(frames // 2, tokens), two frames per token
     aligned = int(load_hyperyaml(ref.yaml_path)["sample_rate"]) == 24000
     full = frontend.prompt_mel((wav[0], 24000))
-    cpu.assert_equal(full[:, :want_feat.shape[1]], want_feat, PROMPT_MEL, f"{ref.id} whole prompt mel's first frames")
+    cpu.assert_equal(full[:, :want_feat.shape[1]], want_feat, FRONT_END, f"{ref.id} whole prompt mel's first frames")
     n = want_tokens.shape[1]
     extra = torch.arange(5, dtype=torch.int32)[None]
     for tokens in (want_tokens[:, :n - 3], torch.cat([want_tokens, extra], dim=1)):
@@ -86,11 +85,11 @@ def test_prompt_mel_and_alignment_equal_upstream(runtime, ref, monkeypatch, thre
             assert torch.equal(prompt["flow_prompt_speech_token"], tokens[:, :k])
             assert torch.equal(prompt["prompt_speech_feat"], full[:, :2 * k])
             if k <= n:  # these frames are upstream's own
-                cpu.assert_equal(prompt["prompt_speech_feat"], want_feat[:, :2 * k], PROMPT_MEL,
+                cpu.assert_equal(prompt["prompt_speech_feat"], want_feat[:, :2 * k], FRONT_END,
                                  f"{ref.id} prompt mel cut to {k} tokens")
         else:
             assert torch.equal(prompt["flow_prompt_speech_token"], tokens)
-            cpu.assert_equal(prompt["prompt_speech_feat"], want_feat, PROMPT_MEL,
+            cpu.assert_equal(prompt["prompt_speech_feat"], want_feat, FRONT_END,
                              f"{ref.id} prompt mel with {tokens.shape[1]} tokens")
 
 

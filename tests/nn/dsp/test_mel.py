@@ -33,12 +33,11 @@ import torch
 from mizuoto.nn.dsp import MatchaMelConfig, matcha_mel, slaney_mel_filters, whisper_log_mel
 from mizuoto.errors import InvalidRequest, ModelLoadError
 from mizuoto.runtime.hyperyaml import load_hyperyaml
-from mizuoto.testing.cpu_recordings import tree_comparison
+from mizuoto.testing.cpu_recordings import FRONT_END, tree_comparison
 from mizuoto.testing.fixtures import fixture_path
 
 PROMPT_MEL_RATE = 24000  # every CosyVoice version computes its prompt mel on 24 kHz audio
 SPLIT_SUM_ATOL = 1e-6  # the suite's 2 threads vs the unsplit sgemm reduction (see above)
-FEATURES = "seg.<i>.input.prompt_speech_feat"  # the full-pipeline kind of the front end's features
 
 
 def _yaml_mel_configs() -> dict[Path, MatchaMelConfig]:
@@ -66,7 +65,7 @@ def test_whisper_log_mel_equals_reference(clip, speech_at, refs, n_mels, intel_m
     ours = whisper_log_mel(speech[None], n_mels)
     assert ours.shape == (1, n_mels, speech.shape[0] // 160)
     ref = refs[f"whisper_logmel{n_mels}"]
-    tree_comparison("frontend").assert_equal(ours, ref, FEATURES, f"{clip} whisper_logmel{n_mels}")
+    tree_comparison("frontend").assert_equal(ours, ref, FRONT_END, f"{clip} whisper_logmel{n_mels}")
 
 
 @contextmanager
@@ -104,7 +103,7 @@ def test_matcha_mel_equals_reference_for_every_model_config(
         for name, config, rate in _matcha_cases(clip_info, refs, mel_configs, parse_rate):
             ours, ref = matcha_mel(speech_at(rate)[None], config), refs[name]
             assert ours.shape == ref.shape, f"{clip} {name}: shape {tuple(ours.shape)} vs {tuple(ref.shape)}"
-            tree_comparison("frontend").assert_equal(ours, ref, FEATURES, f"{clip} {name}")
+            tree_comparison("frontend").assert_equal(ours, ref, FRONT_END, f"{clip} {name}")
 
 
 def test_matcha_mel_at_the_suites_thread_count(clip, clip_info, speech_at, refs, mel_configs, parse_rate, intel_mkl):
@@ -113,7 +112,7 @@ def test_matcha_mel_at_the_suites_thread_count(clip, clip_info, speech_at, refs,
         ours, ref = matcha_mel(speech_at(rate)[None], config), refs[name]
         assert ours.shape == ref.shape, f"{clip} {name}: shape {tuple(ours.shape)} vs {tuple(ref.shape)}"
         err = (ours - ref).abs().max().item()
-        limit = SPLIT_SUM_ATOL + tree_comparison("frontend").bound(FEATURES, ref)  # plus upstream's spread, unrecorded
+        limit = SPLIT_SUM_ATOL + tree_comparison("frontend").bound(FRONT_END, ref)  # plus upstream's spread, unrecorded
         assert err <= limit, f"{clip} {name}: max abs {err:.3g} > {limit:.3g} at {torch.get_num_threads()} threads"
 
 

@@ -13,9 +13,8 @@ import torch
 from mizuoto.nn.dsp import resample, resampled_length
 from mizuoto.nn.dsp.resample import _kernel
 from mizuoto.errors import InvalidRequest
-from mizuoto.testing.cpu_recordings import tree_comparison
+from mizuoto.testing.cpu_recordings import FRONT_END, tree_comparison
 
-FRONT_END = "seg.<i>.input.prompt_speech_feat"  # the full-pipeline kind of the front end's spread
 
 
 def test_resample_matches_reference_exactly(clip, clip_info, refs, parse_rate):

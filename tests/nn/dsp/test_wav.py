@@ -8,9 +8,8 @@ import torch
 from mizuoto.nn.dsp import load_wav, read_audio, to_mono, wav_bytes, write_wav
 from mizuoto.nn.dsp.wav import to_pcm16
 from mizuoto.errors import AudioError
-from mizuoto.testing.cpu_recordings import tree_comparison
+from mizuoto.testing.cpu_recordings import FRONT_END, tree_comparison
 
-FRONT_END = "seg.<i>.input.prompt_speech_feat"  # the full-pipeline kind of the front end's spread
 
 
 def test_clip_decodes_to_reference_audio(clip, clip_info, wav_path, refs):

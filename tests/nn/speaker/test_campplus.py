@@ -21,13 +21,11 @@ import mizuoto.runtime.convert.onnx as conv
 from mizuoto.runtime.convert.campplus import load_campplus
 from mizuoto.nn.speaker.campplus import CAMPPlus
 from mizuoto.runtime.convert.campplus import node_scope
-from mizuoto.testing.cpu_recordings import tree_comparison
+from mizuoto.testing.cpu_recordings import EMBEDDING, FRONT_END, tree_comparison
 from mizuoto.testing.fixtures import fixture_path
 from mizuoto.testing.mkl_intel import require_intel_path
 
 REL = 1e-5
-FEATURES = "seg.<i>.input.prompt_speech_feat"  # full-pipeline kinds (cpu_recordings)
-EMBEDDING = "seg.<i>.input.llm_embedding"
 _FRONTEND = fixture_path("frontend")
 _CLIPS = sorted(json.loads((_FRONTEND / "manifest.json").read_text())["clips"])
 _ONNX = _FRONTEND / "models" / "campplus.onnx"  # the file name upstream model dirs use
@@ -109,7 +107,7 @@ def test_end_to_end_from_the_wav_file(model, clip):
     ref = load_file(str(_FRONTEND / "refs" / f"{clip}.safetensors"))
     cpu = tree_comparison("frontend")
     feats = mean_normalize(kaldi_fbank(load_wav(_FRONTEND / info["wav"], 16000)))
-    cpu.assert_equal(feats, ref["kaldi_fbank_cmn"], FEATURES, f"{clip} kaldi_fbank_cmn from wav", log=True)
+    cpu.assert_equal(feats, ref["kaldi_fbank_cmn"], FRONT_END, f"{clip} kaldi_fbank_cmn from wav", log=True)
     expected = ref["campplus_embedding"]
     with torch.inference_mode():
         emb = model(feats)
