@@ -121,7 +121,7 @@ def run_serve(args: argparse.Namespace) -> int:
         import uvicorn  # noqa: F401
         import starlette  # noqa: F401
     except ImportError:
-        raise MizuotoError("mizuoto serve needs the server extra: pip install 'mizuoto[server]'") from None
+        raise MizuotoError("mizuoto serve needs the server extra: pip install 'mizuoto-runtime[server]'") from None
     from mizuoto.runtime.api import Runtime
     from mizuoto.server.app import create_app
     from mizuoto.server.launch import Server, config

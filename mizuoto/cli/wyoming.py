@@ -78,7 +78,7 @@ def run_wyoming(args: argparse.Namespace) -> int:
     try:
         import wyoming  # noqa: F401
     except ImportError:
-        raise MizuotoError("mizuoto wyoming needs the wyoming extra: pip install 'mizuoto[wyoming]'") from None
+        raise MizuotoError("mizuoto wyoming needs the wyoming extra: pip install 'mizuoto-runtime[wyoming]'") from None
     from mizuoto.runtime.api import Runtime
     from mizuoto.server.state import ServerConfig, ServerState
     from mizuoto.server.wyoming import WyomingServer, WyomingService

@@ -14,7 +14,7 @@ from mizuoto.errors import ModelLoadError
 
 REPO_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95})"
                      r"(?:@(?P<revision>[A-Za-z0-9][A-Za-z0-9_./-]{0,127}))?$")
-INSTALL = "pip install 'mizuoto[hub]'"
+INSTALL = "pip install 'mizuoto-runtime[hub]'"
 
 
 def is_repo_id(spec: str) -> bool:

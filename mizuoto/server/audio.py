@@ -5,22 +5,18 @@ from __future__ import annotations
 import base64
 import binascii
 import io
-import struct
 
 import numpy as np
 import torch
 
-from mizuoto.nn.dsp.wav import quantize_pcm, to_pcm16 as pcm16  # one PCM16 rounding; speech/websocket import pcm16
+from mizuoto.nn.dsp.encode import (ENCODER_HINTS, MEDIA_TYPES, OPUS_RATES, SOUNDFILE_FORMATS as _SOUNDFILE,  # noqa: F401
+                                   aac_available as _aac_available, available_formats, encode_aac, wav_header)
+from mizuoto.nn.dsp.encode import encode as _encode
+from mizuoto.nn.dsp.wav import to_pcm16 as pcm16  # one PCM16 rounding; speech/websocket import pcm16
 from mizuoto.server.errors import ApiError
 
-MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac", "mp3": "audio/mpeg",
-               "opus": "audio/ogg; codecs=opus", "aac": "audio/aac"}
-# what installs the encoder of a format missing on this machine
-ENCODER_HINTS = {"aac": "pip install 'mizuoto[aac]' (PyAV)", "flac": "a libsndfile with FLAC",
-                 "mp3": "libsndfile 1.1 or newer", "opus": "a libsndfile with Ogg Opus"}
+# the encoders are shared with `mizuoto say -o FILE` (nn/dsp/encode.py); the names stay importable from here
 STREAMABLE = ("wav", "pcm")
-_SOUNDFILE = {"flac": ("FLAC", "PCM_16"), "mp3": ("MP3", "MPEG_LAYER_III"), "opus": ("OGG", "OPUS")}
-OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
 MIN_REFERENCE_RATE = 16000
 MAX_REFERENCE_RATE = 192000  # studio rates; anything above is a decoding bomb, not a recording
 MAX_REFERENCE_CHANNELS = 8
@@ -38,29 +34,6 @@ DECODE_FRAMES = 1 << 16  # frames decoded at a time: 8 channels of float32 hold 
 MAX_REFERENCE_PEAK = 2.0
 
 
-def available_formats() -> tuple[str, ...]:
-    """Response formats whose encoder exists on this machine (wav and pcm always)."""
-    import soundfile
-
-    formats = soundfile.available_formats()
-    found = ["wav", "pcm"]
-    for name, (major, subtype) in _SOUNDFILE.items():
-        if major in formats and subtype in soundfile.available_subtypes(major):
-            found.append(name)
-    if _aac_available():
-        found.append("aac")
-    return tuple(found)
-
-
-def _aac_available() -> bool:
-    """PyAV is installed and its FFmpeg has an AAC encoder."""
-    try:
-        import av
-    except ImportError:
-        return False
-    return "aac" in av.codecs_available
-
-
 def missing_format(fmt: object, formats: tuple[str, ...]) -> str:
     """The 400 message for a response_format this server cannot write: what it needs, and what is available."""
     if isinstance(fmt, str) and fmt in ENCODER_HINTS:  # a list or an object is no format (nor hashable)
@@ -69,54 +42,10 @@ def missing_format(fmt: object, formats: tuple[str, ...]) -> str:
     return f"response_format {fmt!r} is not supported; use one of: {', '.join(formats)}"
 
 
-def encode_aac(samples: np.ndarray, rate: int) -> bytes:
-    """AAC-LC in an ADTS stream (what OpenAI's `aac` is), through PyAV's FFmpeg encoder."""
-    import av
-
-    buf = io.BytesIO()
-    with av.open(buf, mode="w", format="adts") as out:
-        stream = out.add_stream("aac", rate=rate, layout="mono")
-        frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(samples, dtype=np.float32)[None, :], format="flt",
-                                           layout="mono")
-        frame.sample_rate = rate
-        for packet in stream.encode(frame):
-            out.mux(packet)
-        for packet in stream.encode(None):
-            out.mux(packet)
-    return buf.getvalue()
-
-
-def wav_header(rate: int, data_bytes: int | None = None) -> bytes:
-    """A 44-byte PCM16 mono WAV header; `None` sizes (a stream of unknown length) are written as 0xFFFFFFFF."""
-    data = 0xFFFFFFFF if data_bytes is None else data_bytes
-    riff = 0xFFFFFFFF if data_bytes is None else 36 + data_bytes
-    return b"RIFF" + struct.pack("<I", riff) + b"WAVEfmt " + struct.pack("<IHHIIHH", 16, 1, 1, rate, rate * 2, 2, 16) \
-        + b"data" + struct.pack("<I", data)
-
-
 def encode(samples: torch.Tensor, rate: int, fmt: str) -> bytes:
     """A whole response body in `fmt`; non-finite samples never reach an encoder (a 500 instead)."""
     check_finite(samples)
-    if fmt == "pcm":
-        return pcm16(samples)
-    if fmt == "wav":
-        body = pcm16(samples)
-        return wav_header(rate, len(body)) + body
-    x = samples.detach().cpu().float()
-    if fmt == "aac":
-        return encode_aac(np.clip(x.numpy(), -1.0, 1.0), rate)
-    import soundfile
-
-    if fmt == "opus" and rate not in OPUS_RATES:
-        from mizuoto.nn.dsp.resample import resample
-
-        x, rate = resample(x, rate, 48000), 48000
-    major, subtype = _SOUNDFILE[fmt]
-    # FLAC's PCM_16 is quantized as wav/pcm are, not by libsndfile's own float conversion
-    data = quantize_pcm(x.numpy(), 16) if subtype == "PCM_16" else np.clip(x.numpy(), -1.0, 1.0)
-    buf = io.BytesIO()
-    soundfile.write(buf, data, rate, format=major, subtype=subtype)
-    return buf.getvalue()
+    return _encode(samples, rate, fmt)
 
 
 def decode_base64(text: str, param: str) -> bytes:

@@ -22,7 +22,7 @@ from mizuoto.errors import InvalidRequest, MizuotoError
 
 log = logging.getLogger("mizuoto.ray")
 MODEL_HEADER = b"serve_multiplexed_model_id"
-INSTALL = "pip install 'mizuoto[ray]'"
+INSTALL = "pip install 'mizuoto-runtime[ray]'"
 
 
 @dataclass(frozen=True)

@@ -65,9 +65,9 @@ def test_paths_win_over_ids(tmp_path, monkeypatch):
 
 
 def test_without_huggingface_hub_names_the_extra(monkeypatch):
-    """With huggingface_hub missing, an id is refused naming `pip install 'mizuoto[hub]'`."""
+    """With huggingface_hub missing, an id is refused naming `pip install 'mizuoto-runtime[hub]'`."""
     monkeypatch.setitem(sys.modules, "huggingface_hub", None)
-    with pytest.raises(ModelLoadError, match=r"pip install 'mizuoto\[hub\]'"):
+    with pytest.raises(ModelLoadError, match=r"pip install 'mizuoto-runtime\[hub\]'"):
         resolve_model("FunAudioLLM/CosyVoice2-0.5B")
 
 

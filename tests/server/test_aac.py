@@ -45,7 +45,7 @@ def test_aac_without_pyav_is_a_clear_400(tmp_path, monkeypatch, h):
         s.stop()
     assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"
     message = r.json()["error"]["message"]
-    assert "pip install 'mizuoto[aac]'" in message and "available: wav, pcm" in message, message
+    assert "pip install 'mizuoto-runtime[aac]'" in message and "available: wav, pcm" in message, message
 
 
 @pytest.mark.parametrize("fmt", ["ogg", "AAC"])

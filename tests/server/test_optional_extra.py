@@ -12,4 +12,4 @@ def test_core_imports_without_server_extra():
             "sys.exit(main(['serve', '--port', '1']))\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 1, r.stderr
-    assert "needs the server extra: pip install 'mizuoto[server]'" in r.stderr
+    assert "needs the server extra: pip install 'mizuoto-runtime[server]'" in r.stderr

@@ -282,7 +282,7 @@ def test_needs_only_its_extra():
             "from mizuoto.cli.main import main\n"
             "sys.exit(main(['wyoming', '-m', '.']))\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert r.returncode == 1 and "needs the wyoming extra: pip install 'mizuoto[wyoming]'" in r.stderr, r.stderr
+    assert r.returncode == 1 and "needs the wyoming extra: pip install 'mizuoto-runtime[wyoming]'" in r.stderr, r.stderr
     code = ("import sys; sys.modules['starlette'] = None; sys.modules['uvicorn'] = None\n"
             "import mizuoto.server.wyoming\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)

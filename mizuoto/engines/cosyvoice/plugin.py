@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import re
+import sys
 from pathlib import Path
 
 from mizuoto.runtime.hookspecs import hookimpl
@@ -19,7 +20,13 @@ WHISPER = "whisper"           # multilingual.tiktoken, CosyVoice 1's text vocabu
 # wetext wheels 0.0.7-0.1.0 bundle the ModelScope FST snapshot upstream downloads; 0.1.1+ ship
 # a rebuilt set whose output differs.
 WETEXT_VERSIONS = ((0, 0, 7), (0, 1, 0))
-INSTALL = "pip install 'mizuoto[cosyvoice]'"
+INSTALL = "pip install 'mizuoto-runtime[cosyvoice]'"
+FETCH_WHISPER = "mizuoto fetch whisper-vocab"  # Whisper's vocabulary: fetched once, explicitly (never at run time)
+
+
+def environment_data_dir() -> Path:
+    """`<sys.prefix>/share/mizuoto`: where `mizuoto fetch` installs data files for this environment."""
+    return Path(sys.prefix) / "share" / "mizuoto"
 
 
 def version_tuple(version: str) -> tuple[int, ...]:
@@ -51,8 +58,9 @@ def wetext_fst_dirs() -> list[Path]:
 
 
 def whisper_asset_dirs() -> list[Path]:
-    """The `assets` folder of an installed openai-whisper, which ships multilingual.tiktoken."""
-    return [d / "assets" for d in _package_dirs("whisper")]
+    """Where `mizuoto fetch whisper-vocab` put multilingual.tiktoken in this environment, then the `assets`
+    folder of an installed openai-whisper (no longer a dependency: used where it happens to be installed)."""
+    return [environment_data_dir() / WHISPER, *(d / "assets" for d in _package_dirs("whisper"))]
 
 
 @hookimpl

@@ -11,7 +11,7 @@ import functools
 import hashlib
 from pathlib import Path
 
-from mizuoto.engines.cosyvoice.plugin import INSTALL, WETEXT, WHISPER
+from mizuoto.engines.cosyvoice.plugin import FETCH_WHISPER, INSTALL, WETEXT, WHISPER
 from mizuoto.errors import ResourceError
 from mizuoto.runtime.plugins import find_resource
 
@@ -25,7 +25,8 @@ FST_SHA256 = {
     "en/tn/tagger.fst": "bb804f88030153999f154f01950c18dbfd64de2c4cfc5035e21371d4eb4ead8a",
     "en/tn/verbalizer.fst": "33ad65460a3e8f7fe313994ff0204a218c0fcb5dec9c09b24aeeaa30ef21d67b",
 }
-# openai-whisper's assets/multilingual.tiktoken (identical from v20231117, which CosyVoice pins, to 20250625)
+# openai-whisper's assets/multilingual.tiktoken (identical from v20231117, which CosyVoice pins, to 20250625);
+# `mizuoto fetch whisper-vocab` installs it (mizuoto/cli/fetch.py)
 WHISPER_SHA256 = {WHISPER_TIKTOKEN: "b34b360dbb493e781e479794586d661700670d65564001f23024971d1f2fa126"}
 
 
@@ -39,24 +40,24 @@ def _sha256(path: Path, size: int, mtime_ns: int) -> str:
     return h.hexdigest()
 
 
-def verify(folder: Path, expected: dict[str, str], what: str) -> Path:
+def verify(folder: Path, expected: dict[str, str], what: str, install: str = INSTALL) -> Path:
     """`folder` when each listed file has its sha256; else a ResourceError naming the first that differs."""
     for name, digest in expected.items():
         path = folder / name
         if not path.is_file():
-            raise ResourceError(f"{what} at {folder} lacks {name}; remove that folder or reinstall with `{INSTALL}`")
+            raise ResourceError(f"{what} at {folder} lacks {name}; remove that folder or reinstall with `{install}`")
         st = path.stat()
         if _sha256(path.resolve(), st.st_size, st.st_mtime_ns) != digest:
             raise ResourceError(f"{what}: {path} is not the pinned file (sha256 differs), and another file would "
-                                f"change the output; remove it or reinstall with `{INSTALL}`")
+                                f"change the output; remove it or reinstall with `{install}`")
     return folder
 
 
-def _find(name: str, what: str, extra: list[Path] | None = None) -> Path:
+def _find(name: str, what: str, extra: list[Path] | None = None, install: str = INSTALL) -> Path:
     try:
         return find_resource(name, extra)
     except ResourceError as e:
-        raise ResourceError(f"{what} ({name!r}) not found: run `{INSTALL}` ({e})") from None
+        raise ResourceError(f"{what} ({name!r}) not found: run `{install}` ({e})") from None
 
 
 def fst_dir() -> Path:
@@ -67,4 +68,5 @@ def fst_dir() -> Path:
 def whisper_vocab_dir(model_dir: Path) -> Path:
     """The verified folder holding CosyVoice 1's multilingual.tiktoken ($MIZUOTO_HOME, the model dir, packages)."""
     local = [Path(model_dir)] if (Path(model_dir) / WHISPER_TIKTOKEN).is_file() else []
-    return verify(_find(WHISPER, "the Whisper vocabulary", local), WHISPER_SHA256, "the Whisper vocabulary")
+    return verify(_find(WHISPER, "the Whisper vocabulary", local, FETCH_WHISPER), WHISPER_SHA256,
+                  "the Whisper vocabulary", FETCH_WHISPER)

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mizuoto import progress as progress_lines
 from mizuoto.files import atomic_path
 from mizuoto.runtime.convert.checkpoint import Src, match_state_dict
 from mizuoto.runtime.assets import model_cache_dir
@@ -43,7 +44,9 @@ _LARGE = 64 << 20
 
 
 def _log_progress(stage: str, done: int, total: int) -> None:
-    if total >= _LARGE and done == total:
+    if progress_lines.enabled():  # the command line asked for progress lines (mizuoto.progress)
+        stderr_progress(stage, done, total)
+    elif total >= _LARGE and done == total:
         _log.info("%s: %d MiB done", stage, total >> 20)
 
 
@@ -57,6 +60,12 @@ def stderr_progress(stage: str, done: int, total: int) -> None:
 
 
 _STAGE_WORDS = {"hash": "checking ONNX file", "parse": "reading ONNX file"}
+
+
+def _say_write(done: int) -> None:
+    """The conversion's last step, reported where progress lines are on (any file size)."""
+    (progress_lines.update if not done else progress_lines.line)(
+        "converting ONNX weights to torch: writing the cache" + (" ... done" if done else " ..."))
 
 
 class OnnxGraph:
@@ -290,8 +299,10 @@ def load_converted(onnx_path: str | Path, convert: Converter, layout: str,
     graph = load_graph(onnx_path, progress)
     config, tensors = convert(graph)
     progress("write", 0, 1)
+    _say_write(0)
     _write(cached, key, config, tensors)
     progress("write", 1, 1)
+    _say_write(1)
     return config, tensors
 
 

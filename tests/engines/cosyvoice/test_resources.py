@@ -58,7 +58,7 @@ def _tampered_home(tmp_path, name: str):
 @pytest.mark.parametrize("name", sorted(resources.FST_SHA256))
 def test_tampered_fst_is_refused_by_name(tmp_path, monkeypatch, name):
     monkeypatch.setenv("MIZUOTO_HOME", str(_tampered_home(tmp_path, name)))
-    with pytest.raises(ResourceError, match=f"{name} is not the pinned file.*pip install 'mizuoto\\[cosyvoice\\]'"):
+    with pytest.raises(ResourceError, match=f"{name} is not the pinned file.*pip install 'mizuoto-runtime\\[cosyvoice\\]'"):
         resources.fst_dir()
 
 
@@ -74,7 +74,7 @@ def test_tampered_whisper_vocabulary_is_refused(tmp_path, monkeypatch):
 def test_missing_fsts_say_where_and_how(tmp_path, monkeypatch):
     monkeypatch.setenv("MIZUOTO_HOME", str(tmp_path))
     monkeypatch.setattr(plugin, "wetext_fst_dirs", lambda: [])
-    with pytest.raises(ResourceError, match="cosyvoice/wetext.*not found.*pip install 'mizuoto\\[cosyvoice\\]'"):
+    with pytest.raises(ResourceError, match="cosyvoice/wetext.*not found.*pip install 'mizuoto-runtime\\[cosyvoice\\]'"):
         resources.fst_dir()
 
 
@@ -93,7 +93,7 @@ def test_plugin_imports_without_torch():
 def test_missing_resource_fails_the_load(tmp_path, monkeypatch, assembled, variant_dir):
     monkeypatch.setenv("MIZUOTO_HOME", str(tmp_path))
     monkeypatch.setattr(plugin, "wetext_fst_dirs", lambda: [])
-    with pytest.raises(ResourceError, match="pip install 'mizuoto\\[cosyvoice\\]'"):
+    with pytest.raises(ResourceError, match="pip install 'mizuoto-runtime\\[cosyvoice\\]'"):
         Runtime().load(assembled[variant_dir])
 
 
@@ -105,4 +105,4 @@ def test_serve_reports_a_refused_resource_at_start(tmp_path, assembled):
     done = subprocess.run([sys.executable, "-m", "mizuoto.cli.main", "serve", "-m", str(model_dir), "--port", "0"],
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode != 0
-    assert f"{name} is not the pinned file" in done.stderr and "pip install 'mizuoto[cosyvoice]'" in done.stderr
+    assert f"{name} is not the pinned file" in done.stderr and "pip install 'mizuoto-runtime[cosyvoice]'" in done.stderr

@@ -31,7 +31,7 @@ def read_parquet_shards(data_list: Path) -> list[list[dict]]:
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        raise InvalidRequest(f"{data_list}: reading parquet lists needs pyarrow (pip install 'mizuoto[parquet]')") from None
+        raise InvalidRequest(f"{data_list}: reading parquet lists needs pyarrow (pip install 'mizuoto-runtime[parquet]')") from None
     names = [line.strip() for line in data_list.read_text(encoding="utf-8").splitlines() if line.strip()]
     if not names:
         raise InvalidRequest(f"{data_list} lists no parquet file")
