@@ -19,7 +19,7 @@ from mizuoto.runtime.engine import (AudioChunk, Capabilities, Model, SynthesisRe
 from mizuoto.runtime.hub import is_repo_id, resolve_model
 from mizuoto.runtime.voicestore import ModelIdentity, VoiceStore
 from mizuoto.errors import (InvalidRequest, MemoryBudgetError, MizuotoError, ModelBusy, ModelLoadError,
-                             ModelUnloaded, RequestTooLarge)
+                             ModelUnloaded, RequestCancelled, RequestTooLarge)
 from mizuoto.runtime.executor import Executor
 from mizuoto.runtime.lease import Lease
 from mizuoto.runtime.memory import Eviction, Plan, Pool, detect_budget, measure, parse_bytes, peak_of, plan_model
@@ -128,6 +128,10 @@ class Runtime(VoiceMethods):
         self._pools: dict[str, Pool] = {}
         self._gone: dict[str, str] = {}  # model name -> why it was unloaded by the runtime
         self.evictions = 0  # models offloaded or unloaded by the planner to admit others, so far
+        self.closed = False  # close() was called: loads are refused, a load finishing late is closed
+        # loading threads whose load a cancelled request left: each closes what it loaded and ends; joined at close()
+        self._abandoned: list[Executor] = []
+        self._loading: set[Executor] = set()  # loading threads of loads in progress
         if voices is None or voices is True:
             from mizuoto.runtime.assets import voices_dir
 
@@ -165,6 +169,7 @@ class Runtime(VoiceMethods):
         model is pinned for it as it is admitted (no other request can evict it before it runs),
         and its cancel or deadline ends the wait.
         """
+        self._check_open()
         opts = parse_options(**options).resolved()
         if name is None and isinstance(path, str) and is_repo_id(path):
             name = path.partition("@")[0]
@@ -184,15 +189,22 @@ class Runtime(VoiceMethods):
         # only one its requests meet; docs/performance.md, "Threads"); a batched model brings its own
         # loop, and the loading thread ends.
         executor = Executor(f"loading-{path.name}")
+        with self._lock:
+            self._check_open()
+            self._loading.add(executor)  # close() joins it
         try:
-            model = executor.call(lambda: self.registry.engine_class(engine)().load(path, opts))
+            model = self._load_on(executor, lambda: self.registry.engine_class(engine)().load(path, opts), lease)
             if not isinstance(model, Model):
                 raise ModelLoadError(f"engine {engine!r} returned a {type(model).__name__}, not a Model")
         except BaseException as e:
-            executor.close()
+            if not isinstance(e, RequestCancelled):  # a cancelled load's thread ends on its own (_load_on)
+                executor.close()
             if isinstance(e, MizuotoError) or not isinstance(e, Exception):
                 raise
             raise ModelLoadError(f"engine {engine!r} failed to load {path}: {describe_error(e)}") from e
+        finally:
+            with self._lock:
+                self._loading.discard(executor)
         if model.executor is not None:
             executor.close()
             executor = None
@@ -201,6 +213,7 @@ class Runtime(VoiceMethods):
         loaded = None
         try:
             with self._lock:
+                self._check_open()  # close() came while the engine loaded: the model goes
                 name = self._unique(name or path.resolve().name)
                 if executor is not None:
                     executor.rename(name)
@@ -218,10 +231,35 @@ class Runtime(VoiceMethods):
                     self._forget(loaded)
             if loaded is not None:
                 loaded.scheduler.close()
+            elif executor is not None:
+                executor.close()
             model.close()
             raise
         self._restore_voices(loaded)
         return name
+
+    def _load_on(self, executor: Executor, load: Any, lease: Lease | None) -> Model:
+        """load() on the loading thread, waited for until the lease's end; a load its request left goes on
+        there, and that thread closes what it loaded and ends (joined by close())."""
+        job = executor.post(load, lease, "load")
+        try:
+            executor.wait_for(job.done, lease, "while its model loaded")
+        except RequestCancelled:
+            def discard() -> None:
+                if isinstance(job.result, Model):
+                    job.result.close()
+                executor.close()  # on its own thread: the loop ends after this call
+            with self._lock:
+                self._abandoned.append(executor)
+            executor.post(discard, None, "discard")
+            raise
+        if job.error is not None:
+            raise job.error
+        return job.result
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ModelLoadError("the runtime was closed; make a new Runtime to load models")
 
     def _unique(self, base: str) -> str:
         name, i = base, 2
@@ -253,8 +291,11 @@ class Runtime(VoiceMethods):
         loaded.model.close()
 
     def close(self) -> None:
-        """Cancel the requests still running, then unload every model (joining their threads)."""
+        """Cancel the requests still running, then unload every model (joining their threads); loads are refused
+        from now on, and one still running is closed when it ends."""
         with self._lock:
+            self.closed = True
+            abandoned, self._abandoned = self._abandoned + list(self._loading), []
             leases = [lease for pins in self._pins.values() for lease in pins]
             dropped = list(self._models.values())
             for loaded in dropped:
@@ -264,6 +305,8 @@ class Runtime(VoiceMethods):
             lease.cancel("because the runtime is closing")
         for loaded in dropped:
             self._close(loaded)
+        for executor in abandoned:
+            executor.close()  # joins it: its load ends, then the model it made is closed
 
     # ---- leases --------------------------------------------------------------------------------
     def pin(self, model: str, lease: Lease) -> bool:
@@ -299,7 +342,9 @@ class Runtime(VoiceMethods):
 
     def models(self) -> list[ModelInfo]:
         """The loaded models (as they were when called: a load or an eviction beside it changes the next call's)."""
-        return [self._info(m) for m in list(self._models.values())]  # one copy: the dict may change meanwhile
+        with self._lock:
+            loaded = list(self._models.values())  # one copy: a load or an eviction may change the set meanwhile
+        return [self._info(m) for m in loaded]
 
     def info(self, model: str) -> ModelInfo:
         """What a loaded model is and where it stands."""
@@ -320,11 +365,12 @@ class Runtime(VoiceMethods):
         return self._get(model).model.voices()
 
     def _get(self, model: str) -> _Loaded:
-        if model in self._models:
-            return self._models[model]
-        if model in self._gone:
-            raise ModelUnloaded(f"model {model} was unloaded: {self._gone[model]}")
-        raise InvalidRequest(f"no model {model!r} is loaded; loaded: {', '.join(self._models) or 'none'}")
+        with self._lock:  # an unload or eviction beside it takes the model out of the set
+            if model in self._models:
+                return self._models[model]
+            if model in self._gone:
+                raise ModelUnloaded(f"model {model} was unloaded: {self._gone[model]}")
+            raise InvalidRequest(f"no model {model!r} is loaded; loaded: {', '.join(self._models) or 'none'}")
 
     # ---- memory --------------------------------------------------------------------------------
     def _pool(self, device: str) -> Pool:
@@ -354,7 +400,9 @@ class Runtime(VoiceMethods):
     def plan(self, model: str | None = None, stream: bool = False) -> Plan | dict[str, Plan]:
         """A model's plan for any request (its working-memory bound), or every loaded model's plan by name."""
         if model is None:
-            return {name: self.plan(name, stream) for name in self._models}
+            with self._lock:
+                loaded = list(self._models.values())
+            return {m.name: self._plan_for(m, None, stream) for m in loaded}
         return self._plan_for(self._get(model), None, stream)
 
     def rehearse(self, device: str | None = None, stream: bool = False, vram: str | int | None = None,

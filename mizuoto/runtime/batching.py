@@ -92,6 +92,7 @@ class Row:
         self.state = PRODUCING
         self.pending: torch.Tensor | None = None
         self.result: Any = None
+        self.owing = False  # its input counts as its lease's work until answered
         self.done = threading.Event()
 
     def attach(self, cache: Any) -> "Row":
@@ -118,6 +119,9 @@ class Row:
                 raise _Stopped("the request was closed")
             self.done.clear()
             self.pending, self.state = inputs, PENDING
+            if self.lease is not None:  # the request's work until the loop delivers its result
+                self.lease.begin_work()
+                self.owing = True
             b.cond.notify_all()
 
     def collect(self) -> torch.Tensor:
@@ -274,6 +278,9 @@ class DecodeBatcher(Executor):
 
     # -- the loop ---------------------------------------------------------------------------------
     def _deliver(self, row: Row, result: Any) -> None:
+        if row.owing:  # an input's one answer ends its work
+            row.owing = False
+            row.lease.end_work()
         row.result, row.pending = result, None
         if row.state in (PENDING, RUNNING):
             row.state = PRODUCING

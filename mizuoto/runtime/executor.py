@@ -46,9 +46,16 @@ class Call:
         self.result: Any = None
         self.error: BaseException | None = None
         self.done = threading.Event()
+        if lease is not None:  # the request's work until it is finished (Lease.after_work, release)
+            lease.begin_work()
 
     def finish(self, result: Any, error: BaseException | None) -> None:
+        """Its outcome, once: the request's work ends first, so a waiter that wakes sees what it released."""
+        if self.done.is_set():
+            return
         self.result, self.error = result, error
+        if self.lease is not None:
+            self.lease.end_work()
         self.done.set()
 
 
@@ -83,24 +90,35 @@ class Executor:
         if threading.current_thread() is self._thread:
             with self.timing(kind):
                 return fn()
-        job = Call(fn, lease, kind, urgent)
-        with self.cond:
-            self.check_open()
-            if lease is not None:
-                lease.check("before its compute call")
-            self._start()
-            self._calls.append(job)
-            self.cond.notify_all()
+        if lease is not None:
+            lease.check("before its compute call")
+        job = self.post(fn, lease, kind, urgent=urgent)
         try:
             self.wait_for(job.done, lease, "while waiting for its compute call")
-        except RequestCancelled:
+        except RequestCancelled as e:
             with self.cond:
                 if job in self._calls:  # not started: it never runs
                     self._calls.remove(job)
+                    job.finish(None, e)
             raise
         if job.error is not None:
             raise job.error
         return job.result
+
+    def post(self, fn: Callable[[], Any], lease: Lease | None = None, kind: str = "call", *,
+             urgent: bool = False) -> Call:
+        """Queue fn() without waiting for it; the Call's `done` is set once it ran (or the loop closed).
+
+        It counts as the lease's work until then (`Lease.begin_work`), and nothing takes it out of
+        line: a request's cleanup is posted so, and runs even when its request gave up waiting.
+        """
+        with self.cond:
+            self.check_open()
+            job = Call(fn, lease, kind, urgent)
+            self._start()
+            self._calls.append(job)
+            self.cond.notify_all()
+        return job
 
     def pending(self) -> int:
         """Calls waiting plus the unit of work running now: 0 when the loop is idle.

@@ -7,6 +7,13 @@ output. Each wait returns within `POLL_S` of a cancel or of the deadline with Re
 (DeadlineExceeded past the deadline), whichever thread waits. While it pins a model the
 runtime never evicts that model; `release()` is the one place a request ends: whatever pinned
 or reserved something for it lets go there (callbacks registered with `on_release`).
+
+A request's work on a compute loop is counted on its lease (`begin_work`/`end_work`, by the
+loop that queues and runs it). A thread that gives up waiting (a cancel, the deadline) leaves at
+once, but what the request holds is its work's until that work has ended: `after_work` and the
+release run when the count reaches zero, on the loop's thread when it ends the last unit. So a
+model is never unpinned, unheld or given other requests while a call of a cancelled one still
+runs on it.
 """
 
 from __future__ import annotations
@@ -32,6 +39,9 @@ class Lease:
         self.plan: Any = None  # the request's memory plan, once planned
         self._lock = threading.Lock()
         self._on_release: list[Callable[[], None]] = []
+        self._after_work: list[Callable[[], None]] = []
+        self._work = 0  # units of the request's work queued on or running in a compute loop
+        self._ending = False  # release() was called; it takes effect once no work is left
         self.released = False
 
     def __repr__(self) -> str:
@@ -83,6 +93,36 @@ class Lease:
             self.check(where)
             cond.wait(self._slice())
 
+    # -- its work on compute loops ----------------------------------------------------------------
+    def begin_work(self) -> None:
+        """A unit of the request's work was queued on a compute loop (the loop calls `end_work` once for it)."""
+        with self._lock:
+            self._work += 1
+
+    def end_work(self) -> None:
+        """A unit of work ended (run, failed or taken out of line); the last one runs what waited for it."""
+        with self._lock:
+            self._work -= 1
+            if self._work > 0:
+                return
+            todo, self._after_work = self._after_work, []
+        for fn in todo:
+            fn()
+        self._finish_release()
+
+    @property
+    def working(self) -> int:
+        """Units of the request's work queued or running on compute loops now."""
+        return self._work
+
+    def after_work(self, fn: Callable[[], None]) -> None:
+        """Run fn() once none of the request's work is queued or running (at once when none is)."""
+        with self._lock:
+            if self._work > 0:
+                self._after_work.append(fn)
+                return
+        fn()
+
     # -- the end ----------------------------------------------------------------------------------
     def on_release(self, fn: Callable[[], None]) -> None:
         """Run fn() when the lease is released (at once if it already was)."""
@@ -93,9 +133,15 @@ class Lease:
         fn()
 
     def release(self) -> None:
-        """End the request: run what `on_release` registered, newest first, once."""
+        """End the request: run what `on_release` registered, newest first, once; while some of its work
+        still runs on a compute loop, that loop runs them when the work ends (the caller does not wait)."""
         with self._lock:
-            if self.released:
+            self._ending = True
+        self._finish_release()
+
+    def _finish_release(self) -> None:
+        with self._lock:
+            if self.released or not self._ending or self._work > 0:
                 return
             self.released = True
             todo, self._on_release = self._on_release[::-1], []

@@ -37,19 +37,20 @@ class VoiceMethods:
                 log.warning("stored voice %r not restored into %s: %s", saved.id, loaded.name, e)
 
     def add_voice(self, model: str, voice_id: str, ref_audio: Any, ref_text: str | None = None,
-                  persist: bool = True) -> Voice:
+                  persist: bool = True, lease: Lease | None = None) -> Voice:
         """Cache a voice prompt on the model, to be used later by id; stored for later runs unless `persist` is False.
 
         A voice of the same id on the same model is replaced. The stored voice holds the engine's
         prompt (tensors), the transcript and the model's identity, and is restored when the same
-        model is loaded again, without running the front end.
+        model is loaded again, without running the front end. A `lease` carries the caller's cancel
+        and deadline into the wait for the model's turn and its front end (it is released here).
         """
         loaded = self._get(model)
         if not loaded.model.capabilities.voice_cache:
             raise InvalidRequest(f"model {model} cannot cache voices")
         if not isinstance(voice_id, str) or not voice_id:
             raise InvalidRequest("voice id must be a non-empty string")
-        lease = Lease()
+        lease = lease if lease is not None else Lease()
         try:
             with self._turn(loaded, loaded.plan, None, lease):
                 voice = loaded.scheduler.executor.call(lambda: loaded.model.add_voice(voice_id, ref_audio, ref_text),

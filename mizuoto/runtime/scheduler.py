@@ -170,10 +170,15 @@ class Scheduler:
             yield
         finally:
             with self._cond:
-                self._owners.pop(lease, None)
-                self._bounds.pop(lease, None)
-                self._threads.pop(lease, None)
-                self._cond.notify_all()
+                self._threads.pop(lease, None)  # this thread may open another request now
+            lease.after_work(lambda: self._let_go(lease))  # the model stays held while its work runs
+
+    def _let_go(self, lease: Lease) -> None:
+        """The request's hold ends (its last work on the model has ended)."""
+        with self._cond:
+            self._owners.pop(lease, None)
+            self._bounds.pop(lease, None)
+            self._cond.notify_all()
 
     # -- placement --------------------------------------------------------------------------------
     def apply(self, plan: Plan) -> None:
@@ -217,22 +222,22 @@ class Scheduler:
             while (chunk := self.executor.call(lambda: next(chunks, _END), lease)) is not _END:
                 yield chunk
         finally:
-            # the engine's cleanup runs where its work ran; a step still running for this
-            # request reaches its next stage call (which sees the lease) before this runs
-            self.run_bounded(chunks.close)
+            # The engine's cleanup runs where its work ran, after a step still running for this request
+            # (which stops at its next stage call). It is the request's last work: what the request
+            # holds is released when it has run (Lease.after_work), by the loop if this thread gave up.
+            try:
+                closing = self.executor.post(chunks.close, lease, "close")
+                if not lease.cancelled:
+                    self.executor.wait_for(closing.done, Lease(JOIN_S), "while its request closed")
+                    if closing.error is not None:
+                        raise closing.error
+            except Exception as e:  # a `finally`: logged, not raised over the request's own outcome
+                log.warning("%s: closing a request on its executor: %s", self.executor.name, e)
 
     def _synthesize(self, request: SynthesisRequest, lease: Lease) -> Iterator[AudioChunk]:
         if takes_lease(self.model):
             return self.model.synthesize(request, lease=lease)
         return self.model.synthesize(request)
-
-    def run_bounded(self, fn: Callable[[], object], timeout: float = JOIN_S) -> None:
-        """fn() on the executor, waited for at most `timeout` s (it still runs later if the wait ends);
-        a failure is logged, not raised (this runs in `finally` blocks)."""
-        try:
-            self.executor.call(fn, Lease(timeout))
-        except Exception as e:
-            log.warning("%s: closing a request on its executor: %s", self.executor.name, e)
 
     def close(self) -> None:
         """Stop and join the executor this scheduler made (a model's own one closes with the model); the model,
