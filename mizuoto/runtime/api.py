@@ -214,7 +214,7 @@ class Runtime(VoiceMethods):
         try:
             with self._lock:
                 self._check_open()  # close() came while the engine loaded: the model goes
-                name = self._unique(name or path.resolve().name)
+                name = self._unique(name or self.registry.engine_class(engine).model_name(path))
                 if executor is not None:
                     executor.rename(name)
                 loaded = _Loaded(name, engine, variant, path, opts, model, None, None)
@@ -530,7 +530,8 @@ class Runtime(VoiceMethods):
         itself included, still fits its plan's peak beside the others' sequence-stage working memory
         (their KV caches) in the device budget; the model is admitted for what they need together.
         When the room is held by models other requests pin, the request waits for them, holding
-        its pin only, until its lease's cancel or deadline.
+        its pin and its place in the model's line (no later request on the model overtakes it), until
+        its lease's cancel or deadline.
         """
         reserve, budget, bound = 0, None, None
         if loaded.model.batch_width > 1 and request is not None:
@@ -544,17 +545,22 @@ class Runtime(VoiceMethods):
             if not loaded.admitted:  # its load may still fail, taking the model away from under the request
                 raise InvalidRequest(f"model {loaded.name} is still loading; use it once load() has returned")
             self._pin(loaded.name, lease)
-        while True:
-            with loaded.scheduler.hold(lease, f"model {loaded.name}", reserve, plan.peak, budget, bound):
-                others = loaded.scheduler.together() - plan.peak
-                if self._try_admit(loaded, plan, others, waitable=True, lease=lease):
-                    try:
-                        yield
-                    finally:
-                        with self._changed:
-                            self._changed.notify_all()
-                    return
-            self._wait_for_room(lease)
+        try:
+            while True:
+                with loaded.scheduler.hold(lease, f"model {loaded.name}", reserve, plan.peak, budget, bound):
+                    others = loaded.scheduler.together() - plan.peak
+                    if self._try_admit(loaded, plan, others, waitable=True, lease=lease):
+                        loaded.scheduler.leave_line(lease)
+                        try:
+                            yield
+                        finally:
+                            with self._changed:
+                                self._changed.notify_all()
+                        return
+                    loaded.scheduler.keep_place(lease)  # no later request on this model overtakes it meanwhile
+                self._wait_for_room(lease)
+        finally:
+            loaded.scheduler.leave_line(lease)
 
     @contextlib.contextmanager
     def _reserve(self, loaded: _Loaded, stage: str, lease: Lease, working: int, sizes: dict) -> Iterator[None]:

@@ -29,8 +29,9 @@ leaves the modules where the latest target says.
 
 from __future__ import annotations
 
-import collections
+import bisect
 import contextlib
+import itertools
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -69,7 +70,11 @@ class Scheduler:
         self._turns = threading.RLock()
         self._owners: dict[Lease, tuple[int, int]] = {}  # (peak, reserve) of each holder
         self._threads: dict[Lease, int] = {}  # the thread each holder iterates in (to refuse a self-deadlock)
-        self._queue: collections.deque[Lease] = collections.deque()  # waiting requests, first come first
+        # waiting requests by arrival (their tickets); one waiting for room beside other models keeps its place
+        self._queue: list[tuple[int, Lease]] = []
+        self._arrivals = itertools.count()
+        self._places: dict[Lease, int] = {}  # each holder's or waiter's ticket
+        self._keeping: set[Lease] = set()  # waiting for room elsewhere, in line meanwhile (keep_place)
         self._growing: set[Lease] = set()  # holders waiting for room for a stage call (resize)
         self._bounds: dict[Lease, tuple[int, int]] = {}  # (peak at its largest call, reserve) of each holder
         own = getattr(model, "executor", None)
@@ -147,10 +152,12 @@ class Scheduler:
         with self._cond:
             if me in self._threads.values():
                 raise InvalidRequest(f"a request on {name} is still open in this thread; finish or close it first")
-            self._queue.append(lease)
+            if lease not in self._keeping:
+                ticket = self._places.setdefault(lease, next(self._arrivals))
+                bisect.insort(self._queue, (ticket, lease), key=lambda entry: entry[0])
 
             def turn() -> bool:
-                if self._queue[0] is not lease or len(self._owners) >= width:
+                if self._queue[0][1] is not lease or len(self._owners) >= width:
                     return False
                 if not self._owners or budget is None:
                     return True
@@ -160,8 +167,12 @@ class Scheduler:
                 return max(p - r for p, r in rows) + sum(r for _, r in rows) <= budget
             try:
                 lease.wait_for(self._cond, turn, f"while waiting for its turn on {name}")
+            except BaseException:
+                self._places.pop(lease, None)
+                raise
             finally:
-                self._queue.remove(lease)
+                self._queue = [entry for entry in self._queue if entry[1] is not lease]
+                self._keeping.discard(lease)
                 self._cond.notify_all()  # the next in line may fit now (or the line moved on without me)
             self._owners[lease] = (max(peak, reserve), reserve)
             self._bounds[lease] = (max(bound or peak, reserve), reserve)
@@ -173,9 +184,28 @@ class Scheduler:
                 self._threads.pop(lease, None)  # this thread may open another request now
             lease.after_work(lambda: self._let_go(lease))  # the model stays held while its work runs
 
+    def keep_place(self, lease: Lease) -> None:
+        """Call inside `hold` before leaving it to wait for room elsewhere: the request stays in line at its place, so
+        none that came later takes the model meanwhile; it enters `hold` again at the front, or `leave_line`."""
+        with self._cond:
+            self._keeping.add(lease)
+            bisect.insort(self._queue, (self._places[lease], lease), key=lambda entry: entry[0])
+
+    def leave_line(self, lease: Lease) -> None:
+        """The request no longer waits (it runs, or ended while waiting for room): its place goes."""
+        with self._cond:
+            if lease in self._keeping:
+                self._keeping.discard(lease)
+                self._queue = [entry for entry in self._queue if entry[1] is not lease]
+            if lease not in self._owners:
+                self._places.pop(lease, None)
+            self._cond.notify_all()
+
     def _let_go(self, lease: Lease) -> None:
         """The request's hold ends (its last work on the model has ended)."""
         with self._cond:
+            if lease not in self._keeping:
+                self._places.pop(lease, None)
             self._owners.pop(lease, None)
             self._bounds.pop(lease, None)
             self._cond.notify_all()

@@ -165,3 +165,41 @@ def test_listing_and_planning_every_model_while_one_is_unloaded(tone_dir, tmp_pa
         plans = rt.plan()
         assert len(plans) == 2 and all(p.peak > 0 for p in plans.values())
         assert len(rt.models()) == 1
+
+
+def test_requests_waiting_for_memory_keep_their_arrival_order(tone_dir, tmp_path):
+    """A request waiting for room that other models' requests hold keeps its place in its model's line: a later
+    request on the same model that would fit at once waits behind it (it used to re-queue at the back)."""
+    from mizuoto.runtime.engine import SynthesisRequest
+
+    long_request = SynthesisRequest("ab" * 300, voice="low")
+    wide = write_model(tmp_path / "wide", hidden=1024)  # a long text's notes outweigh the planned listen stage
+    with Runtime(engines=[ToneEngine], plugins=False, voices=False) as probe:
+        name = probe.load(wide)
+        small = probe._plan_for(probe._get(name), SynthesisRequest("ab", voice="low")).peak
+        long_peak = probe._plan_for(probe._get(name), long_request).peak
+        other = write_model(tmp_path / "other")
+        beside = probe._plan_for(probe._get(probe.load(other)), SynthesisRequest("ab", voice="low")).peak
+    assert long_peak > small
+    # both models fit with short requests; x's long one only once y's is gone
+    with Runtime(ram=long_peak + beside - 1, engines=[ToneEngine], plugins=False, voices=False) as rt:
+        x = rt.load(wide, name="x")
+        list(rt.synthesize(x, "ab", voice="low"))
+        y = rt.load(other, name="y")
+        list(rt.synthesize(y, "ab", voice="low"))
+        held = Lease()  # a request admitted to y holds its room: x's long request waits for it
+        assert rt.pin(y, held) and {m.name for m in rt.models()} == {"x", "y"}
+        order: list = []
+        first = threading.Thread(target=lambda: order.append(("long", len(list(rt.synthesize(x, long_request))))))
+        first.start()
+        assert _until(lambda: bool(rt._room_waits))
+        second = threading.Thread(target=lambda: order.append(("short", len(list(rt.synthesize(x, "ab", voice="low"))))))
+        second.start()
+        line = rt._get(x).scheduler
+        assert _until(lambda: line.waiting == 2 or bool(order))
+        assert order == [] and line.running == 0  # the short one waits behind the long one's place
+        held.release()
+        first.join(30)
+        second.join(30)
+        assert [kind for kind, _ in order] == ["long", "short"]
+        assert line.waiting == 0 and line.running == 0 and not line._places
