@@ -481,7 +481,7 @@ class Runtime(VoiceMethods):
                 victim.scheduler.sync()
             else:
                 self._close(victim)
-        loaded.scheduler.sync()
+        loaded.scheduler.sync(lease)
         return True
 
     # ---- requests ------------------------------------------------------------------------------

@@ -191,6 +191,7 @@ class DecodeBatcher(Executor):
         self.packed = 0  # layers packed, once the loop has started (CPU float32 only)
         self.sampler = FastSampler.like(sampler) if fast else sampler
         self.rows: list[Row | None] = [None] * width
+        self._strays: list[threading.Thread] = []  # producers left waiting for streamed text (joined by close)
         self.steps = 0           # batched steps run
         self.row_steps = 0       # rows served by them (occupancy = row_steps / (steps * width))
         self.prefills = 0
@@ -252,8 +253,28 @@ class DecodeBatcher(Executor):
                     if row.state == PENDING:
                         self._deliver(row, _Stopped("the request was closed"))
                     row.state = FINISHED
-            if not waiting:  # it stops at its next input, within a pass; one waiting for streamed
-                thread.join(JOIN_S)  # text stops when that text source ends, and is not waited for
+                    if waiting and self.rows[row.index] is row:  # its place is free at once (see below)
+                        self.rows[row.index] = None
+                self._strays = [t for t in self._strays if t.is_alive()]
+                if waiting:
+                    self._strays.append(thread)
+                self.cond.notify_all()
+            if not waiting:  # it stops at its next input, within a pass
+                thread.join(JOIN_S)
+            # A producer waiting for streamed text waits inside the caller's text source, which nothing here
+            # can interrupt: its rows are given up now, and it stops (_Stopped) at its next input once the
+            # source yields or ends; close() joins it.
+
+    def close(self) -> None:
+        """Close the loop (Executor.close), then join the producers left waiting for streamed text (bounded)."""
+        super().close()
+        with self.cond:
+            strays, self._strays = self._strays, []
+        for thread in strays:
+            thread.join(JOIN_S)
+            if thread.is_alive():
+                log.warning("%s: a producer still waits in its streamed-text source %.0f s after close",
+                            self.name, JOIN_S)
 
     def _join(self, lease: Lease | None, n: int = 1) -> tuple[Row, ...]:
         """`n` rows taken together once that many are free (a pair never holds one row while waiting for the other)."""

@@ -41,7 +41,7 @@ import torch
 from mizuoto.runtime.engine import AudioChunk, Model, SynthesisRequest, takes_lease
 from mizuoto.errors import InvalidRequest, MemoryBudgetError
 from mizuoto.runtime.executor import JOIN_S, Executor
-from mizuoto.runtime.lease import Lease
+from mizuoto.runtime.lease import POLL_S, Lease
 from mizuoto.runtime.memory import Plan, format_bytes
 
 log = logging.getLogger("mizuoto.runtime")
@@ -221,9 +221,13 @@ class Scheduler:
         self.target = None
         self.sync()
 
-    def sync(self) -> None:
-        """Move the modules where the latest target says (the runtime set it under its lock)."""
-        with self._turn(), self._moves:
+    def sync(self, lease: Lease | None = None) -> None:
+        """Move the modules where the latest target says (the runtime set it under its lock).
+
+        On a batched model the moves wait for the stage call running now; a `lease` ends that wait
+        (RequestCancelled), leaving the moves to the next sync or stage call.
+        """
+        with self._turn(lease, "while its model's modules waited to move"), self._moves:
             plan = self.target
             if plan is None:
                 for name in self._resident(()):
@@ -237,9 +241,20 @@ class Scheduler:
                 if name not in self._on_device:
                     self._move(name, True)
 
-    def _turn(self) -> contextlib.AbstractContextManager:
-        # a batched model may be running other requests' stage calls: moves wait for their turn
-        return self._turns if self.model.batch_width > 1 else contextlib.nullcontext()
+    @contextlib.contextmanager
+    def _turn(self, lease: Lease | None = None, where: str = "") -> Iterator[None]:
+        # a batched model may be running other requests' stage calls: moves wait for their turn,
+        # in slices that look at the waiting request's lease
+        if self.model.batch_width <= 1:
+            yield
+            return
+        while not self._turns.acquire(timeout=POLL_S):
+            if lease is not None:
+                lease.check(where)
+        try:
+            yield
+        finally:
+            self._turns.release()
 
     # -- running ----------------------------------------------------------------------------------
     def execute(self, request: SynthesisRequest, lease: Lease) -> Iterator[AudioChunk]:
@@ -284,7 +299,8 @@ class Scheduler:
         running = self.executor.running_lease() if lease is None else None  # Model.use checked a given one
         if running is not None:
             running.check(f"before its {stage} stage call")
-        with self._turn():  # moves never overlap another request's compute on a batched model
+        # moves never overlap another request's compute on a batched model
+        with self._turn(lease if lease is not None else running, f"before its {stage} stage call"):
             if self.plan is None:
                 raise InvalidRequest("no plan applied to this model")
             with self._moves:

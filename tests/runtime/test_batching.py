@@ -411,3 +411,36 @@ def test_a_sequence_of_two_rows_shares_steps_and_is_batch_invariant(decoder):
             next(iter(batcher.run(_pair(decoder, 1, seed=1, record=[]), rows=WIDTH + 1)))
     finally:
         batcher.close()
+
+
+@torch.inference_mode()
+def test_a_consumer_leaving_while_its_producer_waits_for_streamed_text_frees_its_row_at_once(decoder):
+    """The producer waits inside the caller's text source, which nothing can interrupt: the row goes at once,
+    the producer stops at its next input once the source yields, and close() joins it."""
+    batcher = DecodeBatcher(decoder, _head(decoder), 2, contextlib.nullcontext, sampler=None)
+    waiting, more = threading.Event(), threading.Event()
+
+    def text():
+        yield torch.randn(1, 3, CFG.hidden_size)
+        waiting.set()
+        assert more.wait(20), "the test never sent the next piece"
+        yield torch.randn(1, 3, CFG.hidden_size)
+
+    def produce(row):
+        rows = row.attach(DynamicKVCache())
+        for piece in row.external(text()):
+            yield int(rows.scores(piece).argmax())
+    try:
+        tokens = batcher.run(produce)
+        next(tokens)
+        assert waiting.wait(10)
+        started = time.monotonic()
+        tokens.close()
+        assert time.monotonic() - started < 1.0 and batcher.active == 0  # its place is free for another
+        assert len(list(batcher.run(_greedy(decoder, 4, 3, seed=1, record=[])))) == 3
+        assert _threads() == 1  # the producer still waits in the text source
+        more.set()
+    finally:
+        more.set()
+        batcher.close()
+    assert _threads() == 0

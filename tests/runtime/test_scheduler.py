@@ -278,3 +278,20 @@ def test_a_cancel_ends_the_wait_for_a_turn(tone_dir):
         assert isinstance(error, RequestCancelled) and "waiting for its turn" in str(error) and took < 1.0
         assert sched.waiting == 0 and sched.running == 1
     assert sched.running == 0
+
+
+def test_a_cancel_ends_a_wait_to_move_a_batched_models_modules_during_a_stage_call(tone_dir):
+    """On a batched model, moving modules waits for the stage call running now; the waiting request's lease ends
+    that wait (it used to wait the whole call)."""
+    from mizuoto.errors import RequestCancelled
+    from mizuoto.testing.waits import cancel_during, held_elsewhere
+
+    model, sched, plan = _setup(tone_dir, stream=False, pinned=())
+    model.batch_width = 2
+    sched.apply(plan)
+    with held_elsewhere(lambda: sched.place("notes", Lease())):  # another request's stage call
+        lease = Lease()
+        error, took = cancel_during(lambda: sched.sync(lease), lease, settle=0.1)
+        assert isinstance(error, RequestCancelled) and "waited to move" in str(error) and took < 1.0
+    sched.sync(Lease())  # the moves wait no longer once the call has ended
+    sched.close()

@@ -48,3 +48,28 @@ def test_spawn_settles_from_the_new_thread_and_the_thread_ends():
     assert settled[0] == (True, 42, "mzt-spawn")
     ok, error, name = settled[1]
     assert not ok and isinstance(error, ZeroDivisionError) and name == "mzt-spawn"
+
+
+def test_a_cancel_ends_the_wait_for_in_thread_and_the_thread_stays_the_requests_work_until_joined():
+    """in_thread with a lease: the caller leaves within a second of the cancel; the thread runs on as the
+    request's work (its release waits for it) and join_spawned joins it."""
+    from mizuoto.errors import RequestCancelled
+    from mizuoto.runtime.lease import Lease
+    from mizuoto.runtime.threads import join_spawned
+    from mizuoto.testing.waits import cancel_during
+
+    started, go = threading.Event(), threading.Event()
+
+    def work():
+        started.set()
+        assert go.wait(20)
+        return 1
+    lease = Lease()
+    try:
+        error, took = cancel_during(lambda: in_thread(work, lease=lease), lease, started.is_set, settle=0.0)
+        assert isinstance(error, RequestCancelled) and took < 1.0
+        lease.release()
+        assert not lease.released and any(t.name == "mizuoto-compute" for t in threading.enumerate())
+    finally:
+        go.set()
+    assert join_spawned(10) == [] and lease.released
