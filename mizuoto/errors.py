@@ -43,3 +43,20 @@ class ModelBusy(InvalidRequest):
 
 class DeadlineExceeded(RequestCancelled):
     """A request ran past its deadline; it stops as a cancelled one does."""
+
+
+def quoted(value: object, limit: int = 40) -> str:
+    """`value` for an error message: its repr, or a short prefix of it (a client's value may be megabytes)."""
+    if isinstance(value, (str, bytes)):
+        if len(value) <= limit:
+            return repr(value)
+        unit = "characters" if isinstance(value, str) else "bytes"
+        return f"{value[:limit]!r}... ({len(value)} {unit})"
+    if value is None or isinstance(value, (bool, int, float)):
+        try:
+            text = repr(value)
+        except ValueError:  # an int past Python's digit limit for str()
+            return "a very long integer"
+        return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} digits)"
+    size = f" of {len(value)}" if hasattr(value, "__len__") else ""  # a list or a dict: its kind, not its items
+    return f"a {type(value).__name__}{size}"

@@ -8,18 +8,20 @@ and its OpenAPI document, the web page and Wyoming expose them from these declar
 
 from __future__ import annotations
 
+import heapq
 import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mizuoto.errors import InvalidRequest
+from mizuoto.errors import InvalidRequest, quoted
 
 OPTION_TYPES = ("float", "int", "bool", "str")
 _NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 _JSON_TYPES = {"float": "number", "int": "integer", "bool": "boolean", "str": "string"}
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+NAMED = 3  # unknown option names an error lists (a request may send thousands)
 
 
 @dataclass(frozen=True)
@@ -60,13 +62,13 @@ class RequestOption:
             ok = isinstance(value, int) or (self.type == "float" and isinstance(value, float) and math.isfinite(value))
             ok = ok and not isinstance(value, bool)
         if not ok:
-            raise InvalidRequest(f"option {self.name!r} must be {kind}{self._range()}, got {value!r}")
+            raise InvalidRequest(f"option {self.name!r} must be {kind}{self._range()}, got {quoted(value)}")
         if self.type == "float":
             value = float(value)
         if (self.minimum is not None and value < self.minimum) or (self.maximum is not None and value > self.maximum):
-            raise InvalidRequest(f"option {self.name!r} must be {kind}{self._range()}, got {value!r}")
+            raise InvalidRequest(f"option {self.name!r} must be {kind}{self._range()}, got {quoted(value)}")
         if self.choices and value not in self.choices:
-            raise InvalidRequest(f"option {self.name!r} must be one of {', '.join(self.choices)}, got {value!r}")
+            raise InvalidRequest(f"option {self.name!r} must be one of {', '.join(self.choices)}, got {quoted(value)}")
         return value
 
     def parse(self, text: str) -> Any:
@@ -83,7 +85,7 @@ class RequestOption:
                 return self.check(float(text))
         except ValueError:
             kind = {"float": "a number", "int": "an integer", "bool": "true or false"}[self.type]
-            raise InvalidRequest(f"option {self.name!r} must be {kind}{self._range()}, got {text!r}") from None
+            raise InvalidRequest(f"option {self.name!r} must be {kind}{self._range()}, got {quoted(text)}") from None
         return self.check(text)
 
     def _range(self) -> str:
@@ -139,10 +141,12 @@ def check_given(options: Any) -> dict[str, Any]:
 def resolve_options(declared: tuple[RequestOption, ...], given: Mapping[str, Any], name: str = "model") -> dict:
     """Every declared option's value for a request: the given ones checked, the others their defaults."""
     known = {o.name: o for o in declared}
-    unknown = sorted(set(given) - set(known))
+    unknown = [k for k in given if k not in known]
     if unknown:
         listed = ", ".join(sorted(known)) if known else "none"
-        raise InvalidRequest(f"{name} has no option {', '.join(map(repr, unknown))}; its options: {listed}")
+        named = ", ".join(quoted(k) for k in heapq.nsmallest(NAMED, unknown))
+        more = f" and {len(unknown) - NAMED} more" if len(unknown) > NAMED else ""
+        raise InvalidRequest(f"{name} has no option {named}{more}; its options: {listed}")
     return {o.name: o.check(given[o.name]) if o.name in given else o.default for o in declared}
 
 
@@ -158,6 +162,6 @@ def parse_settings(declared: tuple[RequestOption, ...], settings: list[str] | tu
             raise InvalidRequest(f"an option is given as name=value, got {setting!r}")
         if key not in known:
             listed = ", ".join(sorted(known)) if known else "none"
-            raise InvalidRequest(f"{name} has no option {key!r}; its options: {listed}")
+            raise InvalidRequest(f"{name} has no option {quoted(key)}; its options: {listed}")
         out[key] = known[key].parse(value)
     return out

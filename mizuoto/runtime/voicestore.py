@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -18,8 +19,9 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from mizuoto.errors import ResourceError
+from mizuoto.errors import ResourceError, quoted
 from mizuoto.runtime.engine import VoicePrompt
 
 log = logging.getLogger("mizuoto.runtime")
@@ -49,9 +51,10 @@ class ModelIdentity:
         return f"{self.engine}-{self.fingerprint[:20]}"
 
     def describe(self) -> str:
-        """One phrase for messages: `model cosy (cosyvoice, cosyvoice2, at /models/x)`."""
+        """One phrase for messages: `model cosy (cosyvoice, cosyvoice2)`; never the path (messages reach clients,
+        and where a model lies on the server is the administrator's business)."""
         kind = f"{self.engine}, {self.variant}" if self.variant else self.engine
-        return f"model {self.name} ({kind}, at {self.path})"
+        return f"model {self.name} ({kind})"
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,44 @@ def _slug(voice_id: str) -> str:
     return voice_id if VOICE_ID.fullmatch(voice_id) else "~" + voice_id.encode().hex()[:120]
 
 
+_TEXT, _MAYBE_TEXT = (str,), (str, type(None))
+# voice.json's fields and the types each may take: a hand-edited or foreign file of any other shape is skipped
+_FIELDS = {"id": _TEXT, "text": _MAYBE_TEXT, "engine": _TEXT, "variant": _MAYBE_TEXT, "model": _TEXT, "path": _TEXT,
+           "fingerprint": _TEXT, "created": (int, float), "tensors": (list,), "meta": (dict, type(None))}
+
+
+def _check_meta(m: dict, folder: Path) -> None:
+    """ValueError unless voice.json `m` has each field of the type it is written with, and names `folder`."""
+    for key, types in _FIELDS.items():
+        value = m.get(key)
+        if not isinstance(value, types) or isinstance(value, bool):
+            raise ValueError(f"field {key!r} is {type(value).__name__}, not {' or '.join(t.__name__ for t in types)}")
+    if not m["id"] or _slug(m["id"]) != folder.name:
+        raise ValueError(f"its id {quoted(m['id'])} does not name its folder {folder.name!r}")
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in (m["meta"] or {}).items()):
+        raise ValueError("its meta must map strings to strings")
+    if not all(isinstance(t, str) for t in m["tensors"]):
+        raise ValueError("its tensors must be a list of names")
+    dtypes = m.get("dtypes", {})
+    if not isinstance(dtypes, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in dtypes.items()):
+        raise ValueError("its dtypes must map tensor names to dtype names")
+    if not math.isfinite(m["created"]):
+        raise ValueError("its creation time is not a number")
+
+
+def _check_prompt(meta: Any, tensors: dict) -> None:
+    """ValueError unless the prompt holds the tensors voice.json names, each of the dtype it was saved with."""
+    if not isinstance(meta, dict):
+        raise ValueError(f"{META_FILE} is not an object")
+    if sorted(tensors) != sorted(meta.get("tensors") or []):
+        raise ValueError(f"its tensors {sorted(tensors)} are not the ones {META_FILE} names")
+    dtypes = meta.get("dtypes")  # voices saved before dtypes were recorded have none: their names are checked
+    if dtypes is not None:
+        wrong = sorted(k for k, t in tensors.items() if not isinstance(dtypes, dict) or dtypes.get(k) != str(t.dtype))
+        if wrong:
+            raise ValueError(f"tensors {wrong} are not of the dtypes they were saved with")
+
+
 class VoiceStore:
     """The voices under one folder (default `$MIZUOTO_HOME/voices`)."""
 
@@ -109,7 +150,8 @@ class VoiceStore:
             save_file(tensors, str(tmp / PROMPT_FILE))
             meta = {"format": FORMAT, "id": voice_id, "text": text, "created": created,
                     "engine": model.engine, "variant": model.variant, "model": model.name, "path": model.path,
-                    "fingerprint": model.fingerprint, "tensors": sorted(tensors), "meta": prompt.meta}
+                    "fingerprint": model.fingerprint, "tensors": sorted(tensors), "meta": prompt.meta,
+                    "dtypes": {k: str(t.dtype) for k, t in sorted(tensors.items())}}
             (tmp / META_FILE).write_text(json.dumps(meta, indent=1, ensure_ascii=False))
             final = parent / _slug(voice_id)
             old = None
@@ -132,9 +174,10 @@ class VoiceStore:
         try:
             meta = json.loads((stored.folder / META_FILE).read_text())
             tensors = load_file(str(stored.folder / PROMPT_FILE))
-        except Exception as e:  # missing, truncated or foreign files
+            _check_prompt(meta, tensors)
+            return VoicePrompt(tensors, dict(meta.get("meta") or {}))
+        except Exception as e:  # missing, truncated, foreign or hand-edited files
             raise ResourceError(f"stored voice {stored.id!r} in {stored.folder} is unreadable: {e}") from None
-        return VoicePrompt(tensors, dict(meta.get("meta") or {}))
 
     def voices(self, model: ModelIdentity | None = None) -> list[SavedVoice]:
         """Stored voices, of one model (by its folder) or of all, oldest first."""
@@ -152,6 +195,7 @@ class VoiceStore:
                     m = json.loads((folder / META_FILE).read_text())
                     if not isinstance(m, dict) or m.get("format") != FORMAT or not (folder / PROMPT_FILE).is_file():
                         raise ValueError(f"not a {FORMAT} voice, or its {PROMPT_FILE} is missing")
+                    _check_meta(m, folder)
                     ident = ModelIdentity(m["engine"], m.get("variant"), m["model"], m["path"], m["fingerprint"])
                     out.append(SavedVoice(m["id"], m.get("text"), ident, float(m["created"]), folder))
                 except (OSError, ValueError, KeyError, TypeError) as e:  # one bad entry never hides the others

@@ -75,8 +75,8 @@ def _state(request: Any) -> ServerState:
     return request.app.state.mizuoto
 
 
-def _error(e: ApiError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+def _error(e: ApiError, state: ServerState) -> JSONResponse:
+    return JSONResponse(e.body(state.private_paths()), status_code=e.status, headers=e.headers)
 
 
 async def _body(request: Request, limit: int) -> bytes:
@@ -119,7 +119,7 @@ def _authorize(admin: bool):
 # ---- handlers ------------------------------------------------------------------------------------
 async def _speech(request: Request) -> Response:
     state = _state(request)
-    p = await _json_body(request, state.speech, state.config.max_body_bytes)
+    p = await _json_body(request, state.speech, state.speech_body_bytes)
     request.state.model = p.model
     state.check_model(p.model)
     job = speech.start_job(state, p, stream=p.stream_format is not None)
@@ -261,6 +261,10 @@ class _Answers:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if scope["method"] == "HEAD":
+            # a GET without its body (RFC 9110 9.3.2), for monitors that probe with HEAD: the routes are declared
+            # GET only (the document lists no HEAD operations); uvicorn, whose scope still says HEAD, sends no body
+            scope = {**scope, "method": "GET"}
         status = None
 
         async def sending(message: dict) -> None:
@@ -275,7 +279,7 @@ class _Answers:
                 raise
             log.exception("unhandled error on %s", scope.get("path"))
             error = ApiError(500, f"internal error ({type(e).__name__}); see the server log")
-            await _error(error)(scope, receive, send)
+            await _error(error, scope["app"].state.mizuoto)(scope, receive, send)
             status = 500
         finally:
             route = scope.get("route")
@@ -289,7 +293,7 @@ async def _api_error(request: Request, exc: Exception) -> Response:
     error = from_exception(exc)
     if error.status == 500:
         log.exception("%s failed", request.url.path, exc_info=exc)
-    return _error(error)
+    return _error(error, _state(request))
 
 
 async def _client_gone(request: Request, exc: ClientDisconnect) -> Response:
@@ -299,11 +303,11 @@ async def _client_gone(request: Request, exc: ClientDisconnect) -> Response:
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
     """Starlette's own errors (unknown route 404, wrong method 405) as JSON like every other error."""
-    return _error(ApiError(exc.status_code, str(exc.detail), headers=dict(exc.headers or {})))
+    return _error(ApiError(exc.status_code, str(exc.detail), headers=dict(exc.headers or {})), _state(request))
 
 
 async def _invalid(request: Request, exc: RequestValidationError) -> Response:
-    return _error(schemas.problem(list(exc.errors()), []))
+    return _error(schemas.problem(list(exc.errors()), []), _state(request))
 
 
 # (path, handler, method, route name (metrics), admin, documentation)

@@ -9,6 +9,7 @@ import io
 import numpy as np
 import torch
 
+from mizuoto.errors import quoted
 from mizuoto.nn.dsp.encode import (ENCODER_HINTS, MEDIA_TYPES, OPUS_RATES, SOUNDFILE_FORMATS as _SOUNDFILE,  # noqa: F401
                                    aac_available as _aac_available, available_formats, encode_aac, wav_header)
 from mizuoto.nn.dsp.encode import encode as _encode
@@ -20,10 +21,11 @@ STREAMABLE = ("wav", "pcm")
 MIN_REFERENCE_RATE = 16000
 MAX_REFERENCE_RATE = 192000  # studio rates; anything above is a decoding bomb, not a recording
 MAX_REFERENCE_CHANNELS = 8
-REFERENCE_SECONDS = (0.5, 60.0)
-# A kept voice (POST /v1/audio/voices) lasts at most what the engines read: CosyVoice's speech tokenizer refuses
-# more than 30 s (engines/cosyvoice/frontend.py MAX_PROMPT_SECONDS, upstream's limit).
+# A reference (a request's ref_audio, a kept voice) lasts at most what the engines read: CosyVoice's speech
+# tokenizer refuses more than 30 s (engines/cosyvoice/frontend.py MAX_PROMPT_SECONDS, upstream's limit). Checked
+# from the header: a longer clip was decoded whole (+182 MB at 192 kHz) only for the engine to refuse it.
 MAX_VOICE_SECONDS = 30.0
+REFERENCE_SECONDS = (0.5, MAX_VOICE_SECONDS)
 # A kept voice is mono float32 at its file's rate, or at 48 kHz when the file's is higher: the engines read a
 # reference at 24 kHz at most (CosyVoice: 16 kHz for speech tokens and CAM++, 24 kHz for the prompt mel), and
 # 48 kHz keeps everything below 23.7 kHz, so no engine loses what it uses. Files at 48 kHz or less are kept as
@@ -39,7 +41,7 @@ def missing_format(fmt: object, formats: tuple[str, ...]) -> str:
     if isinstance(fmt, str) and fmt in ENCODER_HINTS:  # a list or an object is no format (nor hashable)
         return (f"response_format {fmt!r} has no encoder on this server (it needs {ENCODER_HINTS[fmt]});"
                 f" available: {', '.join(formats)}")
-    return f"response_format {fmt!r} is not supported; use one of: {', '.join(formats)}"
+    return f"response_format {quoted(fmt)} is not supported; use one of: {', '.join(formats)}"
 
 
 def encode(samples: torch.Tensor, rate: int, fmt: str) -> bytes:

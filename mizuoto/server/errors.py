@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from mizuoto.errors import (AudioError, DeadlineExceeded, InvalidRequest, MemoryBudgetError, MizuotoError, ModelBusy,
                             ModelLoadError, RequestTooLarge)
 
@@ -21,9 +23,13 @@ class ApiError(Exception):
         self.param = None if param is None else param.encode("utf-8", "backslashreplace").decode()
         self.headers = headers or {}
 
-    def body(self) -> dict:
-        """OpenAI-style error body: {"error": {"message", "type", "param", "code"}}."""
-        return {"error": {"message": self.message, "type": _TYPES.get(self.status, "server_error"),
+    def body(self, hide: Iterable[str] = ()) -> dict:
+        """OpenAI-style error body: {"error": {"message", "type", "param", "code"}}, with each of the server's
+        paths in `hide` (ServerState.private_paths) replaced in the message: a runtime error may name a directory."""
+        message = self.message
+        for path in hide:
+            message = message.replace(path, "<server path>")
+        return {"error": {"message": message, "type": _TYPES.get(self.status, "server_error"),
                           "param": self.param, "code": self.status}}
 
 

@@ -20,6 +20,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationE
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
+from mizuoto.errors import quoted
 from mizuoto.runtime.engine import SPEED_RANGE
 from mizuoto.runtime.voicestore import VOICE_ID
 from mizuoto.server.audio import STREAMABLE, missing_format
@@ -28,6 +29,12 @@ from mizuoto.server.errors import ApiError
 STREAM_FORMATS = ("audio", "sse")
 SEED_LIMIT = 2**63  # seeds lie in [0, SEED_LIMIT)
 VOICE_CHARS = 128  # longest voice id a request may name
+# JSON values a body may hold: json.loads and pydantic hold the GIL (a worker thread would stall the event loop
+# just the same), so what a client sends is bounded before it is parsed. A speech request holds a few dozen
+# values; its text fields may hold a comma per character. Above 200,000 '[' the body is refused as nested
+# too deeply, as ever.
+MAX_JSON_VALUES = 1 << 18
+MAX_OPTIONS = 64  # engine request options a request may give (engines declare a handful)
 # Names a client chooses (model names, voice ids) appear in headers, metrics and logs: letters, digits and a
 # few separators only ('/' and ':' for hub ids such as org/name). Matched whole (fullmatch): re's '$' alone
 # would let a trailing newline through. The pattern is also the document's, where '$' means the end.
@@ -92,19 +99,19 @@ def _speed(value: Any) -> Any:
     lo, hi = SPEED_RANGE
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
             or not lo <= value <= hi:
-        raise _fail(f"speed must be a number between {lo:g} and {hi:g}, got {value!r}")
+        raise _fail(f"speed must be a number between {lo:g} and {hi:g}, got {quoted(value)}")
     return float(value)
 
 
 def _seed(value: Any) -> Any:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < SEED_LIMIT):
-        raise _fail(f"seed must be a non-negative integer, got {value!r}")
+        raise _fail(f"seed must be a non-negative integer, got {quoted(value)}")
     return value
 
 
 def _stream_format(value: Any) -> Any:
     if value is not None and value not in STREAM_FORMATS:
-        raise _fail(f"stream_format must be 'audio' or 'sse', got {value!r}")
+        raise _fail(f"stream_format must be 'audio' or 'sse', got {quoted(value)}")
     return value
 
 
@@ -121,8 +128,15 @@ def Name(description: str) -> Any:  # noqa: N802
 
 
 def _options(value: Any) -> Any:
-    if value is not None and (not isinstance(value, dict) or not all(isinstance(k, str) for k in value)):
+    if value is None:
+        return value
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
         raise _fail(f"options must be an object of option names to values, got {type(value).__name__}")
+    if len(value) > MAX_OPTIONS:
+        raise _fail(f"options has {len(value)} entries; at most {MAX_OPTIONS} are read")
+    for name, v in value.items():  # every option is a number, a string or a flag: nothing nested
+        if v is not None and not isinstance(v, (bool, int, float, str)):
+            raise _fail(f"option {quoted(name)} must be a number, a string or true/false, got {quoted(v)}")
     return value
 
 
@@ -146,6 +160,15 @@ def _options_schema(per_engine: dict[str, dict]) -> dict:
     if variants:
         schema["anyOf"] = variants
     return schema
+
+
+REFERENCE_FILE_BYTES = 8 << 20  # a ref_audio file sent inline: 30 s of 48 kHz stereo 16-bit WAV is 5.8 MB
+
+
+def speech_body_bytes(max_chars: int) -> int:
+    """The largest speech body a request needs: its three texts at 12 JSON bytes a character (an escaped
+    surrogate pair), a reference clip of REFERENCE_FILE_BYTES as base64, and 64 KiB for every other field."""
+    return 3 * 12 * max_chars + 4 * -(-REFERENCE_FILE_BYTES // 3) + (64 << 10)
 
 
 @functools.cache
@@ -186,7 +209,7 @@ def speech_model(formats: tuple[str, ...], max_chars: int, need_input: bool = Tr
             description="absent: one whole file; audio: chunked audio as produced; sse: server-sent events"),
             BeforeValidator(_stream_format)], None),
         "ref_audio": (Text("reference audio to clone: base64 (or a data: URL) of a wav/flac/ogg/mp3 file, "
-                           "16-192 kHz, 0.5-60 s; or a registered voice id") | None, None),
+                           "16-192 kHz, 0.5-30 s; or a registered voice id") | None, None),
         "ref_text": (Text("transcript of ref_audio", max_chars) | None, None),
         "seed": (Annotated[int, Field(ge=0, lt=SEED_LIMIT), BeforeValidator(_seed)] | None,
                  Field(None, description="makes sampling repeatable (Mizuoto extension)")),
@@ -223,7 +246,7 @@ class UnloadRequest(BaseModel):
 
 def _voice_id(value: Any, info: ValidationInfo) -> Any:
     if _text(value, info) is not None and not VOICE_ID.fullmatch(value):
-        raise _fail(f"voice id {value!r} must be 1-64 letters, digits, '_', '.' or '-'")
+        raise _fail(f"voice id {quoted(value)} must be 1-64 letters, digits, '_', '.' or '-'")
     return value
 
 
@@ -264,18 +287,34 @@ def voice_models(max_chars: int) -> tuple[type[BaseModel], type[BaseModel]]:
     return VoiceJson, VoiceForm
 
 
-def parse_json(body: bytes) -> Any:
-    """The JSON value of a request body (its models say whether it must be an object)."""
+def parse_json(body: bytes | str, what: str = "request body", max_values: int = MAX_JSON_VALUES) -> Any:
+    """The JSON value of a request body or message (its models say whether it must be an object), refused
+    unparsed when it may hold more than `max_values` values (`what` names it in the 400)."""
+    # every value but a container's first follows a ',', and every container opens with '[' or '{': their
+    # count bounds the values, found at memchr speed (commas inside strings count too, which only errs safe)
+    marks = (b",", b"[", b"{") if isinstance(body, bytes) else (",", "[", "{")
+    if sum(body.count(m) for m in marks) > max_values:
+        raise ApiError(400, f"{what} holds more than {max_values} JSON values")
     try:
         return json.loads(body)
     except RecursionError:
-        raise ApiError(400, "request body is nested too deeply") from None
+        raise ApiError(400, f"{what} is nested too deeply") from None
     except (ValueError, UnicodeDecodeError) as e:
-        raise ApiError(400, f"request body is not valid JSON: {e}") from None
+        raise ApiError(400, f"{what} is not valid JSON: {e}") from None
 
 
 def checked(model: type[BaseModel], data: Any) -> Any:
     """`data` (a parsed JSON body) as `model`, or the first problem as a 400 naming its field."""
+    if isinstance(data, dict) and model.model_config.get("extra") == "forbid":
+        # the first unknown field now: pydantic would build an error for each of thousands
+        unknown = next((k for k in data if k not in model.model_fields), None)
+        if unknown is not None:
+            try:
+                unknown.encode("utf-8")
+                error = {"type": "extra_forbidden", "loc": (unknown,), "msg": "", "input": None}
+            except UnicodeEncodeError:  # a lone surrogate: pydantic's own complaint, about the name
+                error = {"type": "string_unicode", "loc": (), "msg": "", "input": unknown}
+            raise problem([error], list(model.model_fields))
     try:
         return model.model_validate(data)
     except ValidationError as e:
@@ -292,9 +331,10 @@ def problem(errors: list[dict], known: list[str]) -> ApiError:
     elif kind == "missing":
         message = f"field '{field}' is required"
     elif kind == "extra_forbidden":
-        message = f"unknown field '{field}'; known fields: {', '.join(known)}"
+        message = f"unknown field {quoted(field)}; known fields: {', '.join(known)}"
+        field = field if field is None or len(field) <= 64 else None  # a name too long to be one is not echoed
     elif kind == "string_unicode" and not error["loc"]:  # a key, not a value
-        message = f"a field name is not valid Unicode: {error['input']!r}"
+        message = f"a field name is not valid Unicode: {quoted(error['input'])}"
     elif kind in ("model_type", "dict_type", "model_attributes_type"):
         field = None
         message = f"request body must be a JSON object, got {type(error['input']).__name__}"

@@ -35,8 +35,8 @@ def inline_reference(state: ServerState, p: Any) -> Reference | None:
     """The reference given in `ref_audio` (an uploaded voice id or base64 audio), checked now."""
     if p.ref_audio is None:
         return None
-    if p.ref_audio in state.voices:
-        stored = state.voices[p.ref_audio]
+    stored = state.voices.get(p.ref_audio)  # one read: the voice may be deleted meanwhile
+    if stored is not None:
         return Reference((stored.samples, stored.rate), p.ref_text or stored.text)
     # in a thread that ends with it: the job's own thread would keep the decode's OpenMP team
     # alive beside a batched model's compute thread for the whole request
@@ -51,12 +51,13 @@ def build_request(state: ServerState, p: Any, reference: Reference | None, strea
     state.ensure_loaded(p.model, lease)
     model = state.runtime.model(p.model)
     ids = [v.id for v in state.runtime.voices(p.model)]
+    uploaded = state.voices.get(p.voice) if p.voice is not None else None  # one read, as above
     if reference is not None:
         voice: Any = reference
     elif p.voice is not None and p.voice in ids:
         voice = p.voice
-    elif p.voice is not None and p.voice in state.voices:
-        voice = state.voices[p.voice].reference()
+    elif uploaded is not None:
+        voice = uploaded.reference()
     elif p.voice is not None:
         foreign = state.runtime.foreign_voice(p.model, p.voice)  # a voice cached for another model: say so
         raise ApiError(400, foreign or f"unknown voice for model {p.model}; GET /v1/audio/voices lists them", "voice")
@@ -126,15 +127,17 @@ async def _disconnected(request: Any) -> None:
 
 
 class Pull:
-    """Pulls a job's chunks while watching for the client leaving; records latency and RTF."""
+    """Pulls a job's chunks while watching for the client leaving (an HTTP `request`'s disconnect, or `gone`, a
+    future that ends when a WebSocket client leaves); records latency and RTF."""
 
-    def __init__(self, state: ServerState, job: Job, model: str, request: Any | None):
+    def __init__(self, state: ServerState, job: Job, model: str, request: Any | None,
+                 gone: asyncio.Future | None = None):
         self.state, self.job, self.model = state, job, model
         self.samples = 0
         self.rate = 0
         self.count = 0
         self.ended = False  # the job finished or failed: nothing left to cancel
-        self._gone = asyncio.ensure_future(_disconnected(request)) if request is not None else None
+        self._gone = asyncio.ensure_future(_disconnected(request)) if request is not None else gone
 
     async def next(self) -> AudioChunk | None:
         """The next chunk (None at the end); ApiError for a failed job, ClientGone when the client left."""
@@ -252,7 +255,7 @@ async def sse_stream(p: Any, pull: Pull, first: AudioChunk) -> AsyncIterator[byt
         yield sse({"type": "speech.audio.done", "sample_rate": pull.rate, "seconds": pull.samples / max(pull.rate, 1),
                    "usage": {"input_tokens": chars, "output_tokens": pull.count, "total_tokens": chars + pull.count}})
     except ApiError as e:
-        yield sse({"type": "error", **e.body()})
+        yield sse({"type": "error", **e.body(pull.state.private_paths())})
     except ClientGone:
         pass
     finally:

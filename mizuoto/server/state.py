@@ -20,7 +20,7 @@ from mizuoto.server.errors import ApiError
 from mizuoto.server.admission import JobSlots
 from mizuoto.server.jobs import Job
 from mizuoto.server.metrics import Metrics
-from mizuoto.server.schemas import NAME, engine_options, speech_model
+from mizuoto.server.schemas import NAME, engine_options, speech_body_bytes, speech_model
 
 
 log = logging.getLogger("mizuoto.server")
@@ -81,6 +81,8 @@ class ServerState:
                 raise InvalidRequest(f"model name {name!r} must be 1-128 letters, digits or '_', '.', ':', '/', '-' "
                                      "(give it as NAME=DIR)")
         self.catalogue: dict[str, Path] = {k: Path(v) for k, v in (models or {}).items()}
+        # uploaded voices, copied on write (under voice_lock): a listing on the event loop iterates the dict it
+        # read while a thread adds or deletes a voice, so neither waits and no iteration can fail
         self.voices: dict[str, StoredVoice] = {}
         # an id is checked against every voice and reserved in one step, so two creations never share it
         self.voice_lock = threading.Lock()
@@ -95,9 +97,33 @@ class ServerState:
         # each engine's declared request options, for the document
         options = engine_options(runtime.engines() if hasattr(runtime, "engines") else {})
         self.speech = speech_model(self.formats, config.max_input_chars, options=options)  # the speech body's model
+        # what a speech request can hold (texts, options, a reference clip), and so a WebSocket message
+        self.speech_body_bytes = min(config.max_body_bytes, speech_body_bytes(config.max_input_chars))
         # a WebSocket or Wyoming session's fields: raw PCM out, the text sent apart
         self.session = speech_model(("pcm",), config.max_input_chars, need_input=False, default_format="pcm",
                                     options=options)
+
+    # ---- voices and paths ----------------------------------------------------------------------
+    def add_uploaded(self, voice: StoredVoice) -> None:
+        """Keep an uploaded voice (a new dict: listings iterate the old one undisturbed)."""
+        with self.voice_lock:
+            self.voices = {**self.voices, voice.id: voice}
+
+    def drop_uploaded(self, voice_id: str) -> bool:
+        """Forget an uploaded voice; False when there was none of that id."""
+        with self.voice_lock:
+            if voice_id not in self.voices:
+                return False
+            self.voices = {k: v for k, v in self.voices.items() if k != voice_id}
+            return True
+
+    def private_paths(self) -> list[str]:
+        """This server's directories, which no error message may show: the models', the model roots and the
+        voice store, as given and resolved, longest first (so a path inside another is hidden whole)."""
+        store = getattr(self.runtime, "voice_store", None)
+        dirs = [*self.catalogue.values(), *self.config.model_roots, *([store.root] if store is not None else [])]
+        found = {str(p) for d in dirs for p in (Path(d), Path(d).resolve())}
+        return sorted((p for p in found if len(p) > 1), key=len, reverse=True)  # never '/' itself
 
     # ---- models --------------------------------------------------------------------------------
     def loaded(self) -> list[str]:

@@ -94,7 +94,7 @@ def register(state: ServerState, body: bytes, content_type: str) -> dict:
             _cache(state, model, voice_id, samples, rate, text)
             return {"id": voice_id, "object": "voice", "kind": "cached", "model": model, "sample_rate": rate,
                     "seconds": seconds, "stored": state.runtime.identity(model) is not None}
-        state.voices[voice_id] = StoredVoice(voice_id, samples, rate, text)
+        state.add_uploaded(StoredVoice(voice_id, samples, rate, text))
         return {"id": voice_id, "object": "voice", "kind": "uploaded", "sample_rate": rate, "seconds": seconds}
     finally:
         with state.voice_lock:
@@ -152,8 +152,7 @@ def _cache(state: ServerState, model: str, voice_id: str, samples, rate: int, te
 
 def delete(state: ServerState, voice_id: str, model: str | None) -> dict:
     """Remove an uploaded voice, or a cached one (from `model`, else from every model) and its stored copy."""
-    if model is None and voice_id in state.voices:
-        del state.voices[voice_id]
+    if model is None and state.drop_uploaded(voice_id):
         return {"id": voice_id, "object": "voice", "deleted": True}
     if model is not None:
         state.check_model(model)
@@ -172,9 +171,10 @@ def listing(state: ServerState, model: str | None) -> list[dict]:
     """Uploaded voices, then each loaded model's preset and cached voices, then stored voices of models not loaded."""
     if model is not None:
         state.check_model(model)
+    uploaded = state.voices  # the dict of now: a voice added or deleted meanwhile replaces it (copy on write)
     out = [{"id": v.id, "object": "voice", "kind": "uploaded", "model": None, "sample_rate": v.rate,
             "seconds": round(v.samples.numel() / v.rate, 3), "has_text": v.text is not None}
-           for v in state.voices.values()]
+           for v in uploaded.values()]
     stored = state.runtime.stored_voices()
     loaded_prints = set()
     for name in state.loaded():

@@ -6,7 +6,8 @@ Protocol (JSON text frames from the client, audio as binary frames of PCM16 mono
   client: {"type": "input_text.append", "text": "..."} any number of times
   client: {"type": "input_text.done"}
   server: binary audio frames, then {"type": "speech.audio.done", "seconds": ..., "chunks": ...}; closes.
-Errors: {"type": "error", "error": {...}} and the socket closes. A model that cannot take text
+Errors: {"type": "error", "error": {...}} and the socket closes with a code that says why (`close_code`). A
+client that drops the socket cancels its job at once, whatever it was waiting for. A model that cannot take text
 in pieces (stream_in false) speaks once input_text.done arrives. A session takes a job slot only
 from its first text on; one silent for the idle timeout, or whose text is not all in within
 the body timeout of its first piece, is closed with a 408 error.
@@ -15,7 +16,6 @@ the body timeout of its first piece, is closed with a 408 error.
 from __future__ import annotations
 
 import asyncio
-import json
 import queue
 import time
 from collections.abc import Iterator
@@ -25,9 +25,18 @@ from mizuoto.server.errors import ApiError, from_exception
 from mizuoto.server.jobs import Cancelled, in_fresh_thread, in_time
 from mizuoto.server.speech import ClientGone, Pull, pcm16, start_job
 from mizuoto.server.state import ServerState
-from mizuoto.server.schemas import check_text, checked
+from mizuoto.server.schemas import check_text, checked, parse_json
 
 _DONE = object()
+# RFC 6455 close codes by the HTTP status of the error that ended a session: 1008 (policy violation) for what the
+# client got wrong, 1013 (try again later) when every slot and queue place is taken or the server is shutting
+# down, private codes for the deadline (4504) and out of memory (4507), 1011 (internal error) for the server's bugs
+CLOSE_CODES = {503: 1013, 504: 4504, 507: 4507}
+
+
+def close_code(status: int) -> int:
+    """The WebSocket close code of a session ended by an error of HTTP `status`."""
+    return 1008 if status < 500 else CLOSE_CODES.get(status, 1011)
 
 
 class TextFeed:
@@ -80,12 +89,7 @@ async def _message(ws, idle: float, end: float | None = None, total: float = 0.0
     raw = message.get("text")
     if raw is None:
         raise ApiError(400, "binary frames are not accepted: send JSON text messages", "type")
-    try:
-        data = json.loads(raw)
-    except RecursionError:
-        raise ApiError(400, "message is nested too deeply") from None
-    except ValueError as e:
-        raise ApiError(400, f"message is not valid JSON: {e}") from None
+    data = parse_json(raw, "message")  # its values counted before it is parsed (uvicorn bounds its size)
     if not isinstance(data, dict) or not isinstance(data.get("type"), str):
         raise ApiError(400, "each message must be a JSON object with a 'type'", "type")
     return data
@@ -122,6 +126,18 @@ async def _read_text(ws, state: ServerState, into: TextFeed | list, chars: int =
         into.done()
 
 
+async def _closed(ws) -> None:
+    """Returns when the client closes or drops the socket (anything it sends after its text is ignored): the
+    session's job is then cancelled at once, not at the next audio it would have sent."""
+    while (await ws.receive())["type"] != "websocket.disconnect":
+        pass
+
+
+async def _read_then_watch(ws, state: ServerState, feed: TextFeed, chars: int) -> None:
+    await _read_text(ws, state, feed, chars)
+    await _closed(ws)
+
+
 async def session(ws, state: ServerState) -> None:
     """Run one WebSocket session."""
     from starlette.websockets import WebSocketDisconnect
@@ -151,8 +167,10 @@ async def session(ws, state: ServerState) -> None:
             if first is None:
                 raise ApiError(400, "no text was sent", "text")
             feed.put(first)
-            pull = Pull(state, start_job(state, p, True, feed), p.model, None)
-            reader = asyncio.ensure_future(_read_text(ws, state, feed, len(first)))
+            job = start_job(state, p, True, feed)
+            # the reader takes the rest of the text, then watches for the client leaving; its end ends the pull
+            reader = asyncio.ensure_future(_read_then_watch(ws, state, feed, len(first)))
+            pull = Pull(state, job, p.model, None, gone=reader)
             try:
                 while (chunk := await pull.next()) is not None:  # audio goes out while text still comes in
                     await ws.send_bytes(pcm16(chunk.samples))
@@ -168,7 +186,8 @@ async def session(ws, state: ServerState) -> None:
             whole_text = "".join(total)
             if not whole_text.strip():
                 raise ApiError(400, "no text was sent", "text")
-            pull = Pull(state, start_job(state, p, True, whole_text), p.model, None)
+            pull = Pull(state, start_job(state, p, True, whole_text), p.model, None,
+                        gone=asyncio.ensure_future(_closed(ws)))
             while (chunk := await pull.next()) is not None:
                 await ws.send_bytes(pcm16(chunk.samples))
         await ws.send_json({"type": "speech.audio.done", "seconds": pull.samples / max(pull.rate, 1),
@@ -179,8 +198,8 @@ async def session(ws, state: ServerState) -> None:
     except Exception as e:  # reported to the client, then the socket closes
         error = from_exception(e)
         try:
-            await ws.send_json({"type": "error", **error.body()})
-            await ws.close(1008 if error.status < 500 else 1011)
+            await ws.send_json({"type": "error", **error.body(state.private_paths())})
+            await ws.close(close_code(error.status))
         except Exception:
             pass
     finally:

@@ -40,7 +40,7 @@ from mizuoto.server.jobs import in_fresh_thread, in_time
 from mizuoto.runtime.malloc import tune_malloc
 from mizuoto.server.speech import ClientGone, Pull, start_job
 from mizuoto.server.state import ServerState
-from mizuoto.server.schemas import check_text, checked
+from mizuoto.server.schemas import check_text, checked, parse_json
 from mizuoto.runtime.request_options import parse_settings
 from mizuoto.server.websocket import TextFeed
 
@@ -283,7 +283,7 @@ class WyomingHandler(AsyncEventHandler):
                 if type(size) is not int or not 0 <= size <= limit:
                     raise ApiError(413, f"{key} must be a number of bytes up to {limit}, got "
                                         f"{size if type(size) is int else type(size).__name__}")
-            more = json.loads(await read(sizes["data_length"]) or b"{}")
+            more = parse_json(await read(sizes["data_length"]) or b"{}", "an event's data")  # its values counted first
             if not isinstance(more, dict):
                 raise ApiError(400, "an event's data must be a JSON object")
             payload = await read(sizes["payload_length"]) or None
@@ -409,7 +409,8 @@ class WyomingHandler(AsyncEventHandler):
                     exc_info=error.status == 500)
         code = {400: "invalid_request", 404: "not_found", 408: "timeout", 413: "invalid_request", 503: "overloaded",
                 504: "timeout", 507: "out_of_memory"}.get(error.status, "server_error")
-        await self.write_event(Error(text=error.message, code=code).event())
+        text = error.body(self.service.state.private_paths())["error"]["message"]
+        await self.write_event(Error(text=text, code=code).event())
 
     async def disconnect(self) -> None:
         """The client left: cancel what it started."""
