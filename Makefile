@@ -10,24 +10,38 @@ TEST_STAMP := $(VENV)/.installed-test
 
 .PHONY: demo test test-second-tree clean browser
 
-$(STAMP): pyproject.toml Makefile $(wildcard plugins/*/pyproject.toml)
+# make demo: the runtime, CosyVoice's pinned data (the cosyvoice extra: wetext's FSTs; Whisper's vocabulary
+# through `mizuoto fetch`, from the shared assets when they are beside the checkout) and the demo's engine,
+# the Piper plugin with its voice. No test tools: those come with make test.
+WHISPER_VOCAB = $(wildcard $(ASSETS)/whisper/multilingual.tiktoken)
+$(STAMP): pyproject.toml Makefile plugins/mizuoto-piper/pyproject.toml
+	@echo "== make: [1/4] virtual environment $(VENV)"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q $(TORCH)
-	$(PIP) install -q -e '.[test,server,wyoming,cosyvoice,hub]'
-	for p in plugins/*/; do [ ! -f $$p/pyproject.toml ] || $(PIP) install -q -e $$p || exit 1; done
+	@echo "== make: [2/4] $(TORCH) (the CPU wheel; about 800 MB installed)"
+	$(PIP) install --progress-bar off $(TORCH)
+	@echo "== make: [3/4] mizuoto-runtime from this checkout, with the cosyvoice extra, and the Piper plugin"
+	$(PIP) install --progress-bar off -e '.[cosyvoice]' -e plugins/mizuoto-piper
+	@echo "== make: [4/4] CosyVoice 1's vocabulary (mizuoto fetch whisper-vocab, sha256 checked)"
+	$(PY) -m mizuoto.cli fetch whisper-vocab $(if $(WHISPER_VOCAB),--from $(WHISPER_VOCAB)) || \
+	  echo "== make: not fetched; CosyVoice 1 models need it later: $(PY) -m mizuoto.cli fetch whisper-vocab"
 	touch $(STAMP)
+	@echo "== make: installed; $(VENV) holds $$(du -sh $(VENV) | cut -f1)"
 
-# Only for tests: the extras their integrations need (parquet lists, aac, Ray) and the test-only plugins
-# (a toy engine and a deliberately broken one), so make demo's venv stays light and lists just real engines.
-$(TEST_STAMP): $(STAMP) $(wildcard tests/plugins/*/pyproject.toml)
-	$(PIP) install -q -e '.[parquet,aac,ray]'
-	for p in tests/plugins/*/; do [ -f $$p/pyproject.toml ] && $(PIP) install -q -e $$p || exit 1; done
+# Only for tests: the test tools, every integration's extra (server, Wyoming, Ray, parquet lists, aac, hub
+# ids, plots), every plugin and the test-only plugins (a toy engine and a deliberately broken one), so make
+# demo's venv stays light and lists just real engines.
+$(TEST_STAMP): $(STAMP) $(wildcard plugins/*/pyproject.toml) $(wildcard tests/plugins/*/pyproject.toml)
+	@echo "== make: [test 1/2] test tools and every extra (test, server, wyoming, hub, parquet, aac, ray, plot)"
+	$(PIP) install --progress-bar off -e '.[test,server,wyoming,cosyvoice,hub,parquet,aac,ray,plot]'
+	@echo "== make: [test 2/2] every plugin and the test-only plugins"
+	for p in plugins/*/ tests/plugins/*/; do [ ! -f $$p/pyproject.toml ] || $(PIP) install --progress-bar off -e $$p || exit 1; done
 	touch $(TEST_STAMP)
 
 # make demo [MODEL=DIR] [REF=clip.wav [REF_TEXT="what the clip says"]] [DEVICE=cpu] [DEBUG=1]
 # Each value reaches the demo as one shell word, quotes and commas included.
 quoted = '$(subst ','\'',$($(1)))'
 demo: $(STAMP)
+	@echo "== make: speaking the demo sentence (python -m mizuoto.demo)"
 	$(PY) -m mizuoto.demo --as-make $(if $(MODEL),$(call quoted,MODEL)) $(if $(REF),--ref-audio $(call quoted,REF)) \
 		$(if $(REF_TEXT),--ref-text $(call quoted,REF_TEXT)) $(if $(DEVICE),--device $(call quoted,DEVICE)) \
 		$(if $(DEBUG),--debug)
@@ -40,6 +54,7 @@ browser:
 	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; }
 
 test: $(TEST_STAMP) browser
+	@echo "== make: running the test suite (pytest)"
 	$(PY) -m pytest -q
 
 # The parity tests again on a second fixture tree of the same layout, derived from the first

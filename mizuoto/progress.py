@@ -64,6 +64,16 @@ def _write(text: str, final: bool) -> None:
         _open = not final
 
 
+def interrupt() -> None:
+    """End a line being updated, so that other output (a log line, an error) starts on a line of its own."""
+    global _open
+    with _lock:
+        if _stream is not None and _open:
+            _stream.write("\n")
+            _stream.flush()
+            _open = False
+
+
 def line(text: str) -> None:
     """A finished step: one line."""
     _write(text, True)
@@ -83,11 +93,13 @@ def bytes_progress(what: str) -> Callable[[str, int, int], None]:
 
 
 @contextlib.contextmanager
-def step(what: str, done: str | Callable[[float], str] | None = None, tick: float = 1.0) -> Iterator[None]:
+def step(what: str, done: str | Callable[[float], str] | None = None, tick: float = 1.0,
+         status: Callable[[], str] | None = None) -> Iterator[None]:
     """Report `what` while the block runs (its elapsed seconds updated every `tick`), then a closing line.
 
     `done`: the closing line, or a function of the elapsed seconds giving it (default: what, in N s).
-    Nothing is printed (and no thread started) when progress is off.
+    `status`: what has been done so far, added to each update. Nothing is printed (and no thread
+    started) when progress is off.
     """
     if not enabled():
         yield
@@ -97,7 +109,8 @@ def step(what: str, done: str | Callable[[float], str] | None = None, tick: floa
 
     def ticker() -> None:
         while not stop.wait(tick):
-            update(f"{what} ... {time.monotonic() - start:.0f} s")
+            extra = status() if status is not None else ""
+            update(f"{what} ... {time.monotonic() - start:.0f} s" + (f", {extra}" if extra else ""))
 
     update(f"{what} ...")
     thread = threading.Thread(target=ticker, name="mizuoto-progress", daemon=True)

@@ -101,12 +101,16 @@ def _models(specs: list[str]) -> dict[str, Path]:
     for spec in specs:
         name, sep, path = spec.partition("=")
         if not sep:
-            name, path = (spec.partition("@")[0] if is_repo_id(spec) else Path(spec).resolve().name), spec
-        if not name.strip() or not path.strip():
+            name, path = (spec.partition("@")[0] if is_repo_id(spec) else None), spec
+        if (name is not None and not name.strip()) or not path.strip():
             raise InvalidRequest(f"-m {spec!r}: give a model directory, as DIR or NAME=DIR")
-        resolved = resolve_model(path)  # a directory, or a Hugging Face repo id's snapshot
+        resolved = resolve_model(path)  # a directory, a plugin's short id, or a Hugging Face repo id's snapshot
         if not resolved.is_dir():
             raise InvalidRequest(f"-m {spec}: model directory not found: {path}")
+        if name is None:  # the engine names it (Piper: the voice's name), else the folder's name
+            from mizuoto.runtime.plugins import default_registry
+
+            name = path if resolved != Path(path) else default_registry().model_name(resolved)
         if name in out:
             raise InvalidRequest(f"-m {spec}: model name {name!r} is given twice; use NAME=DIR")
         out[name] = resolved

@@ -304,10 +304,12 @@ def format_table(r: dict[str, Any]) -> str:
                f" {100 * r['lm_bandwidth_fraction']:.1f}%")
     if r.get("device_copy_gb_per_s"):
         bw += f"; copy test {r['device_copy_gb_per_s']:.0f} GB/s"
-    if r.get("device_read_gb_per_s"):
+    if r.get("device_read_gb_per_s") and r.get("lm_read_fraction", 0) >= 0.005:
         bw += (f"; a read of the same bytes {r['device_read_gb_per_s']:.1f} GB/s:"
                f" the step reaches {100 * r['lm_read_fraction']:.0f}% of it")
-    rows.append(("LM bandwidth", bw))
+    # only where it means something: a step that moves next to nothing (a small or CPU-bound LM) reads as 0.0 GB/s
+    if r.get("device_bandwidth_gb_per_s") or r["lm_achieved_gb_per_s"] >= 0.05:
+        rows.append(("LM bandwidth", bw))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 

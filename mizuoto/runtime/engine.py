@@ -458,6 +458,12 @@ class Engine(abc.ABC):
     def load(self, model_dir: Path, options: Any) -> Model:
         """Build the model from `model_dir` with LoadOptions; modules on the host, fixed ones where they live."""
 
+    @classmethod
+    def model_name(cls, model_dir: Path) -> str:
+        """The name a model of `model_dir` gets when none is given, and the short id `-m` takes for a directory
+        a plugin offers (mizuoto_example_models); default: the folder's name. Cheap; never raises."""
+        return Path(model_dir).resolve().name
+
     # -- benchmarks (optional) -----------------------------------------------------------------
     bench_random: tuple[str, ...] = ()  # model kinds `mizuoto bench --random KIND` can build with random weights
 

@@ -236,6 +236,17 @@ class Registry:
         """Model directories offered by every plugin's mizuoto_example_models hook."""
         return [Path(p) for _, answer in self._each("mizuoto_example_models") for p in (answer or [])]
 
+    def model_name(self, model_dir: Path) -> str:
+        """The default name of the model in `model_dir`: its engine's `model_name` (else the folder's name)."""
+        hits = self.detect(Path(model_dir))
+        if len(hits) == 1:
+            return self.engine_class(hits[0][0]).model_name(Path(model_dir))
+        return Path(model_dir).resolve().name
+
+    def named_examples(self) -> dict[str, Path]:
+        """The plugins' example model directories by their default name (`-m en_US-joe-medium`)."""
+        return {self.model_name(d): d for d in self.example_models() if Path(d).is_dir()}
+
 
 @functools.lru_cache(maxsize=1)
 def default_registry() -> Registry:

@@ -221,6 +221,15 @@ class PiperEngine(Engine):
         except Exception:  # detect never raises: an unreadable dir is simply not ours
             return False
 
+    @classmethod
+    def model_name(cls, model_dir: Path) -> str:
+        """The voice's name (`en_US-joe-medium`), as Piper names its voices, whatever folder holds it."""
+        try:
+            found = find_voice(Path(model_dir))
+        except Exception:  # several voices: the folder's name
+            found = None
+        return found[0].stem if found is not None else super().model_name(model_dir)
+
     def load(self, model_dir: Path, options: Any) -> PiperModel:
         found = find_voice(Path(model_dir))
         if found is None:
