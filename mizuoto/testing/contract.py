@@ -25,6 +25,7 @@ import functools
 import json
 import math
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -282,6 +283,83 @@ def test_streaming(case):
             rt.synthesize(name, request)
         return
     _check_chunks(list(rt.synthesize(name, request)), caps, stream=True)
+
+
+def _outcome(rt: Runtime, name: str, request: SynthesisRequest, lease: Lease | None = None) -> object:
+    """A request's audio, or its error's type and message (a random test model may refuse a seed alike twice)."""
+    try:
+        return torch.cat([c.samples.detach().cpu() for c in rt.synthesize(name, request, lease=lease)])
+    except MizuotoError as e:
+        return f"{type(e).__name__}: {e}"
+
+
+def _same(a: object, b: object) -> bool:
+    return torch.equal(a, b) if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) else a == b
+
+
+def test_concurrent_requests_equal_each_alone(case):
+    """Several seeded requests at once (threads started together) each give what they give alone."""
+    import threading
+
+    rt, name = _loaded(case)
+    caps = rt.model(name).capabilities
+    mode = next(m for m in MODES if m in caps.modes)
+    requests = [_request(mode, rt.voices(name), caps, seed=seed) for seed in (1234, 7, 99)]
+    alone = [_outcome(rt, name, r) for r in requests]
+    together: list = [None] * len(requests)
+    start = threading.Barrier(len(requests))
+
+    def run(i: int) -> None:
+        start.wait(10)
+        together[i] = _outcome(rt, name, requests[i])
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(requests))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not any(t.is_alive() for t in threads), "concurrent requests did not finish within 300 s"
+    for i, (a, b) in enumerate(zip(alone, together)):
+        assert _same(a, b), f"request {i} (seed {requests[i].seed}) differs when run beside the others"
+
+
+def test_a_cancel_at_any_stage_ends_the_request_and_frees_the_model(case):
+    """A request cancelled as it enters each stage it uses ends with RequestCancelled; once its work has ended the
+    model holds nothing for it (no pin, not running), and the same seeded request then gives what it gave before."""
+    from mizuoto.errors import RequestCancelled
+
+    rt, name = _loaded(case)
+    caps = rt.model(name).capabilities
+    mode = next(m for m in MODES if m in caps.modes)
+    request = _request(mode, rt.voices(name), caps)
+    sched = rt._get(name).scheduler
+    original, entered, target = sched.place, [], {}
+
+    @contextlib.contextmanager
+    def place(stage: str, lease: Lease | None = None):
+        if stage not in entered:
+            entered.append(stage)
+        if stage == target.get("stage"):
+            target["lease"].cancel("by the contract suite")
+        with original(stage, lease) as device:
+            yield device
+    sched.place = place  # the model's Model.use reaches its scheduler's placement
+    try:
+        expected = _outcome(rt, name, request)
+        for stage in list(entered):
+            lease = Lease()
+            target.update(stage=stage, lease=lease)
+            with pytest.raises(RequestCancelled, match="by the contract suite"):
+                list(rt.synthesize(name, request, lease=lease))
+            end = time.monotonic() + 30
+            while (rt.pins(name) or rt.info(name).running or not lease.released) and time.monotonic() < end:
+                time.sleep(0.01)
+            assert rt.pins(name) == 0 and rt.info(name).running == 0 and lease.released, \
+                f"a request cancelled at its {stage} stage still holds the model 30 s later"
+        target.clear()
+    finally:
+        del sched.place
+    assert entered, "the request entered no stage through Model.use()"
+    assert _same(_outcome(rt, name, request), expected), "after the cancels the same request speaks differently"
 
 
 def _stream_input(model_dir: Path) -> dict | None:
