@@ -19,6 +19,7 @@ from mizuoto.cli.main import write_wav
 from mizuoto.errors import MizuotoError
 from mizuoto.runtime.api import Runtime
 from mizuoto.runtime.engine import Reference, SynthesisRequest, check_request
+from mizuoto.runtime.hub import resolve_model
 from mizuoto.runtime.options import LoadOptions, add_load_arguments, options_from_args
 
 TEXT = "Hello from Mizuoto, a speech runtime that hosts several voices behind one API."
@@ -137,8 +138,11 @@ def speak(args: argparse.Namespace) -> str:
     except MizuotoError as e:
         raise _fail(e, commands.clone().replace("clip.wav", "path/to/existing-clip.wav")) from e
     with Runtime() as rt:
-        model_dir = args.model_dir if args.model_dir is not None else demo_voice(rt)
+        # a directory, or the short id of a model a plugin offers (MODEL=en_US-joe-medium, the Piper voice)
+        model_dir = resolve_model(str(args.model_dir)) if args.model_dir is not None else demo_voice(rt)
         name = _load(rt, model_dir, options, commands)
+        # the default voice and a short id are shown by name; a directory given as such, as given
+        shown = name if args.model_dir is None or model_dir != args.model_dir else model_dir
         info, presets = rt.info(name), _presets(rt, name)
         if given is not None:
             voice, how = given, f"a clone of {args.ref_audio}"
@@ -153,14 +157,15 @@ def speak(args: argparse.Namespace) -> str:
             raise _fail(e, fix) from e
         seconds, rate, _ = write_wav(out, rt.synthesize(name, request))
     variant = f" ({info.variant})" if info.variant else ""
-    return (f"wrote {out.resolve()} ({seconds:.2f} s at {rate} Hz) with {model_dir}: engine {info.engine}{variant}"
+    return (f"wrote {out.resolve()} ({seconds:.2f} s at {rate} Hz) with {shown}: engine {info.engine}{variant}"
             f" on {info.device}, mode {request.mode}, voice: {how}")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The demo's arguments."""
     parser = argparse.ArgumentParser(prog="python -m mizuoto.demo", description=__doc__.splitlines()[0])
-    parser.add_argument("model_dir", nargs="?", type=Path, help="a model directory (default: the demo voice)")
+    parser.add_argument("model_dir", nargs="?", type=Path,
+                        help="a model directory, or a plugin's model id (default: the demo voice, en_US-joe-medium)")
     parser.add_argument("--ref-audio", help="reference clip to clone (models without preset voices)")
     parser.add_argument("--ref-text", help="transcript of the reference clip")
     parser.add_argument("--text", default=TEXT, help="what to say (default: a sentence about Mizuoto)")

@@ -86,8 +86,14 @@ def test_the_demo_voice_by_default(tmp_path, capsys, voice_dir):
     wav = tmp_path / "demo.wav"
     code, out, err = _demo(capsys, "-o", wav)
     assert (code, err) == (0, "")
-    _check_wrote(out, wav, voice_dir, engine, "preset")
+    with Runtime() as rt:  # the default voice is shown by its short id (Piper: the voice's name), not its folder
+        short = rt.registry.model_name(voice_dir)
+    assert short == "en_US-joe-medium"
+    _check_wrote(out, wav, short, engine, "preset")
     assert out.rstrip().endswith(f"voice: its preset voice {presets[0]}")
+    code, out, err = _demo(capsys, short, "-o", tmp_path / "by-id.wav")  # MODEL=en_US-joe-medium
+    assert code == 0, err
+    _check_wrote(out, tmp_path / "by-id.wav", short, engine, "preset")
     info = soundfile.info(wav)
     assert info.frames > info.samplerate  # a real voice: the sentence lasts more than a second
 
