@@ -17,7 +17,7 @@ import torch
 from mizuoto.runtime.compute_threads import fix_compute_threads
 from mizuoto.runtime.engine import (AudioChunk, Capabilities, Model, SynthesisRequest, Voice, check_request)
 from mizuoto.runtime.hub import is_repo_id, resolve_model
-from mizuoto.runtime.voicestore import ModelIdentity, VoiceStore
+from mizuoto.runtime.voicestore import ModelIdentity, SavedVoice, VoiceStore
 from mizuoto.errors import (InvalidRequest, MemoryBudgetError, MizuotoError, ModelBusy, ModelLoadError,
                              ModelUnloaded, RequestCancelled, RequestTooLarge)
 from mizuoto.runtime.executor import Executor
@@ -25,7 +25,7 @@ from mizuoto.runtime.lease import Lease
 from mizuoto.runtime.memory import Eviction, Plan, Pool, detect_budget, measure, parse_bytes, peak_of, plan_model
 from mizuoto.runtime.options import LoadOptions, parse_options
 from mizuoto.runtime.plugins import Registry, describe_error
-from mizuoto.runtime.runtime_voices import VoiceMethods
+from mizuoto.runtime.voices import Voices
 from mizuoto.runtime.scheduler import Scheduler
 
 log = logging.getLogger("mizuoto.runtime")
@@ -96,7 +96,7 @@ def _device_key(device: str) -> str:
     return str(d)
 
 
-class Runtime(VoiceMethods):
+class Runtime:
     """Hosts models of any registered engine within device (`vram`) and host (`ram`) budgets.
 
     Budgets are sizes like "6GiB" or byte counts; None means what is free when a device is first used.
@@ -137,6 +137,38 @@ class Runtime(VoiceMethods):
 
             voices = voices_dir()
         self.voice_store = VoiceStore(voices) if voices is not False else None
+        self.voice_service = Voices(self.voice_store, self._get, self._loaded, self._run_alone)
+
+    # ---- voices (runtime.voices.Voices) ------------------------------------------------------
+    def add_voice(self, model: str, voice_id: str, ref_audio: Any, ref_text: str | None = None,
+                  persist: bool = True, lease: Lease | None = None) -> Voice:
+        """Cache a voice prompt on the model for later requests by id; stored unless `persist` is False (`Voices.add_voice`)."""
+        return self.voice_service.add_voice(model, voice_id, ref_audio, ref_text, persist, lease)
+
+    def remove_voice(self, voice_id: str, model: str | None = None) -> int:
+        """Forget a cached voice on `model` (or everywhere) and in the store; copies removed (`Voices.remove_voice`)."""
+        return self.voice_service.remove_voice(voice_id, model)
+
+    def identity(self, model: str) -> ModelIdentity | None:
+        """What a loaded model's stored voices are keyed by (None when its voices are not stored)."""
+        return self.voice_service.identity(model)
+
+    def stored_voices(self) -> list[SavedVoice]:
+        """Every voice in the store, for any model (loaded or not), oldest first."""
+        return self.voice_service.stored_voices()
+
+    def foreign_voice(self, model: str, voice_id: str) -> str | None:
+        """Why `model` cannot use `voice_id` when that id is stored for another model only; else None."""
+        return self.voice_service.foreign_voice(model, voice_id)
+
+    def _loaded(self) -> list[_Loaded]:
+        with self._lock:
+            return list(self._models.values())
+
+    def _run_alone(self, loaded: _Loaded, fn: Any, lease: Lease) -> Any:
+        """fn() on the model's compute thread in the model's turn, waiting with the lease."""
+        with self._turn(loaded, loaded.plan, None, lease):
+            return loaded.scheduler.executor.call(fn, lease)
 
     def __enter__(self) -> Runtime:
         return self
@@ -235,7 +267,7 @@ class Runtime(VoiceMethods):
                 executor.close()
             model.close()
             raise
-        self._restore_voices(loaded)
+        self.voice_service.restore(loaded)
         return name
 
     def _load_on(self, executor: Executor, load: Any, lease: Lease | None) -> Model:
@@ -506,7 +538,7 @@ class Runtime(VoiceMethods):
             raise InvalidRequest("pass either a SynthesisRequest or fields, not both")
         loaded = self._get(model)
         if isinstance(request.voice, str):
-            self._check_voice_owner(loaded, request.voice)
+            self.voice_service.check_owner(loaded, request.voice)
         request = check_request(request, loaded.model, f"model {model}")
         try:
             plan = self._plan_for(loaded, request)

@@ -1,12 +1,15 @@
-"""The Runtime's voice methods: cached voices added, removed and kept in the voice store across runs.
+"""Cached voices as a service: added to loaded models, removed, and kept in the voice store across runs.
 
-A mixin of `runtime.api.Runtime` (it reads the runtime's loaded models, turns and voice store);
-split out so that api.py keeps loading, planning and running.
+A `Runtime` holds one `Voices` and forwards its voice methods to it. The service sees the runtime
+only through what it is given: the loaded model of a name (`model_of`), the loaded models
+(`loaded`), and a call run on a model in its turn under a request's lease (`run`); it reads no
+private state of the runtime.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from mizuoto.errors import InvalidRequest, MizuotoError
@@ -17,12 +20,20 @@ from mizuoto.runtime.voicestore import ModelIdentity, SavedVoice, VoiceStore, fi
 log = logging.getLogger("mizuoto.runtime")
 
 
-class VoiceMethods:
-    """Cached voices of the loaded models and the voice store (`Runtime` inherits them)."""
+class Voices:
+    """Cached voices of a runtime's loaded models and its voice store (None: voices stay in memory).
 
-    voice_store: VoiceStore | None  # set by Runtime.__init__, as are the `_models`, `_get` and `_turn` used here
+    `model_of(name)` is the runtime's record of a loaded model (its `model`, `name`, `engine`,
+    `variant`, `path` and `identity`); `loaded()` every one; `run(record, fn, lease)` runs fn() on
+    that model's compute thread in its turn, waiting with the lease.
+    """
 
-    def _restore_voices(self, loaded: Any) -> None:
+    def __init__(self, store: VoiceStore | None, model_of: Callable[[str], Any], loaded: Callable[[], list],
+                 run: Callable[[Any, Callable[[], Any], Lease], Any]) -> None:
+        self.voice_store = store
+        self._model_of, self._loaded, self._run = model_of, loaded, run
+
+    def restore(self, loaded: Any) -> None:
         """Import the stored voices made for this model (no front end runs); an unreadable one is skipped."""
         if self.voice_store is None or type(loaded.model).import_voice is Model.import_voice:
             return
@@ -45,16 +56,14 @@ class VoiceMethods:
         model is loaded again, without running the front end. A `lease` carries the caller's cancel
         and deadline into the wait for the model's turn and its front end (it is released here).
         """
-        loaded = self._get(model)
+        loaded = self._model_of(model)
         if not loaded.model.capabilities.voice_cache:
             raise InvalidRequest(f"model {model} cannot cache voices")
         if not isinstance(voice_id, str) or not voice_id:
             raise InvalidRequest("voice id must be a non-empty string")
         lease = lease if lease is not None else Lease()
         try:
-            with self._turn(loaded, loaded.plan, None, lease):
-                voice = loaded.scheduler.executor.call(lambda: loaded.model.add_voice(voice_id, ref_audio, ref_text),
-                                                       lease)
+            voice = self._run(loaded, lambda: loaded.model.add_voice(voice_id, ref_audio, ref_text), lease)
         finally:
             lease.release()
         if persist and loaded.identity is not None:
@@ -70,7 +79,7 @@ class VoiceMethods:
 
         Returns how many copies went (loaded and stored); none is an InvalidRequest.
         """
-        targets = [self._get(model)] if model is not None else list(self._models.values())
+        targets = [self._model_of(model)] if model is not None else self._loaded()
         removed = 0
         for loaded in targets:
             if any(v.id == voice_id and v.kind == "cached" for v in loaded.model.voices()):
@@ -89,7 +98,7 @@ class VoiceMethods:
 
     def identity(self, model: str) -> ModelIdentity | None:
         """What a loaded model's stored voices are keyed by (None when its voices are not stored)."""
-        return self._get(model).identity
+        return self._model_of(model).identity
 
     def stored_voices(self) -> list[SavedVoice]:
         """Every voice in the store, for any model (loaded or not), oldest first."""
@@ -97,7 +106,7 @@ class VoiceMethods:
 
     def foreign_voice(self, model: str, voice_id: str) -> str | None:
         """Why `model` cannot use `voice_id` when that id is stored for another model only; else None."""
-        loaded = self._get(model)
+        loaded = self._model_of(model)
         if self.voice_store is None or any(v.id == voice_id for v in loaded.model.voices()):
             return None
         owners = self.voice_store.find(voice_id)
@@ -106,7 +115,8 @@ class VoiceMethods:
         return (f"voice {voice_id!r} was made for {owners[0].model.describe()}; model {loaded.name} cannot use it"
                 " (add it to this model from its reference audio)")
 
-    def _check_voice_owner(self, loaded: Any, voice_id: str) -> None:
+    def check_owner(self, loaded: Any, voice_id: str) -> None:
+        """InvalidRequest when `voice_id` is stored for another model only (`foreign_voice`)."""
         why = self.foreign_voice(loaded.name, voice_id)
         if why is not None:
             raise InvalidRequest(why)
