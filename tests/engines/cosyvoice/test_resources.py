@@ -1,7 +1,8 @@
 """Where CosyVoice finds its shared resources: $MIZUOTO_HOME first, then the installed cosyvoice extra.
 
 The suite runs with an empty $MIZUOTO_HOME (tests/conftest.py), so what is found here is
-what a fresh install finds: the packages of `mizuoto[cosyvoice]`, through the mizuoto_assets hook.
+what a fresh install finds: the packages of the cosyvoice extra and what `mizuoto fetch` installed in
+this environment, through the mizuoto_assets hook.
 """
 
 import os
@@ -28,7 +29,8 @@ def test_fresh_install_finds_verified_fsts_in_the_extra(monkeypatch, tmp_path):
         assert (found / name).read_bytes() == asset_path("wetext", "fsts", name).read_bytes()
 
 
-def test_fresh_install_finds_the_whisper_vocabulary_in_the_extra(monkeypatch, tmp_path):
+def test_fresh_install_finds_the_whisper_vocabulary_where_make_fetched_it(monkeypatch, tmp_path):
+    """make demo / make test run `mizuoto fetch whisper-vocab` (into this environment's share/mizuoto)."""
     monkeypatch.setenv("MIZUOTO_HOME", str(tmp_path / "empty"))
     found = resources.whisper_vocab_dir(tmp_path)
     assert found in default_registry().asset_candidates(plugin.WHISPER)
