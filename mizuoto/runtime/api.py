@@ -25,6 +25,7 @@ from mizuoto.runtime.lease import Lease
 from mizuoto.runtime.memory import Eviction, Plan, Pool, detect_budget, measure, parse_bytes, peak_of, plan_model
 from mizuoto.runtime.options import LoadOptions, parse_options
 from mizuoto.runtime.plugins import Registry, describe_error
+from mizuoto.runtime.request import RequestInfo
 from mizuoto.runtime.voices import Voices
 from mizuoto.runtime.scheduler import Scheduler
 
@@ -142,7 +143,7 @@ class Runtime:
     # ---- voices (runtime.voices.Voices) ------------------------------------------------------
     def add_voice(self, model: str, voice_id: str, ref_audio: Any, ref_text: str | None = None,
                   persist: bool = True, lease: Lease | None = None) -> Voice:
-        """Cache a voice prompt on the model for later requests by id; stored unless `persist` is False (`Voices.add_voice`)."""
+        """Cache a voice prompt on the model for later requests by id, stored unless `persist` is False (Voices)."""
         return self.voice_service.add_voice(model, voice_id, ref_audio, ref_text, persist, lease)
 
     def remove_voice(self, voice_id: str, model: str | None = None) -> int:
@@ -388,6 +389,12 @@ class Runtime:
                          m.model.capabilities, m.model.batch_width, m.scheduler.running,
                          m.scheduler.executor.failures, m.scheduler.executor.pending())
 
+    def requests(self, model: str | None = None, finished: bool = False) -> list[RequestInfo]:
+        """The requests in line or holding a model (every loaded model's without one), each with its status and
+        the stage it runs now (`runtime.request`); with `finished`, each model's last ended ones and how they ended."""
+        targets = [self._get(model)] if model is not None else self._loaded()
+        return [info for loaded in targets for info in loaded.scheduler.requests(finished)]
+
     def model(self, model: str) -> Model:
         """The engine's Model object of a loaded model (its stages, capabilities)."""
         return self._get(model).model
@@ -550,7 +557,12 @@ class Runtime:
         lease.plan = plan
         try:
             with self._turn(loaded, plan, request, lease):
-                yield from loaded.scheduler.execute(request, lease)
+                try:
+                    yield from loaded.scheduler.execute(request, lease)
+                except BaseException as e:  # its reason once it has finished (Runtime.requests)
+                    if not isinstance(e, GeneratorExit) and not (isinstance(e, RequestCancelled) and lease.cancelled):
+                        loaded.scheduler.failed(lease, e)  # a cancel or deadline: its lease says how it ended
+                    raise
         finally:
             lease.release()
 
@@ -688,4 +700,4 @@ class Runtime:
         lease.check(where)
 
 
-__all__ = ["Runtime", "ModelInfo", "Admission", "Rehearsal", "SynthesisRequest", "MemoryBudgetError"]
+__all__ = ["Runtime", "ModelInfo", "Admission", "Rehearsal", "RequestInfo", "SynthesisRequest", "MemoryBudgetError"]

@@ -30,6 +30,7 @@ leaves the modules where the latest target says.
 from __future__ import annotations
 
 import bisect
+import collections
 import contextlib
 import itertools
 import logging
@@ -43,9 +44,11 @@ from mizuoto.errors import InvalidRequest, MemoryBudgetError
 from mizuoto.runtime.executor import JOIN_S, Executor
 from mizuoto.runtime.lease import POLL_S, Lease
 from mizuoto.runtime.memory import Plan, format_bytes
+from mizuoto.runtime.request import ENDING, RUNNING, WAITING, WAITING_FOR_MEMORY, Request, RequestInfo
 
 log = logging.getLogger("mizuoto.runtime")
 _END = object()
+RECENT = 32  # finished requests a scheduler keeps for `requests(finished=True)`
 
 
 class Scheduler:
@@ -68,15 +71,13 @@ class Scheduler:
         self._moves = threading.RLock()
         # a batched model's stage calls (whole `use` blocks) and module moves take turns on it
         self._turns = threading.RLock()
-        self._owners: dict[Lease, tuple[int, int]] = {}  # (peak, reserve) of each holder
-        self._threads: dict[Lease, int] = {}  # the thread each holder iterates in (to refuse a self-deadlock)
-        # waiting requests by arrival (their tickets); one waiting for room beside other models keeps its place
-        self._queue: list[tuple[int, Lease]] = []
+        self.name = name
+        # every request in line or holding the model, and the line itself (arrival order); a request
+        # is the scheduler's until its work on the model has ended (runtime.request)
+        self._requests: dict[Lease, Request] = {}
+        self._queue: list[Request] = []
         self._arrivals = itertools.count()
-        self._places: dict[Lease, int] = {}  # each holder's or waiter's ticket
-        self._keeping: set[Lease] = set()  # waiting for room elsewhere, in line meanwhile (keep_place)
-        self._growing: set[Lease] = set()  # holders waiting for room for a stage call (resize)
-        self._bounds: dict[Lease, tuple[int, int]] = {}  # (peak at its largest call, reserve) of each holder
+        self.finished: collections.deque[Request] = collections.deque(maxlen=RECENT)  # the last ones, for requests()
         own = getattr(model, "executor", None)
         # `executor`: the one the model was loaded on, kept for its requests (unless it brings its own)
         self.executor: Executor = own if own is not None else executor if executor is not None else Executor(name)
@@ -84,25 +85,36 @@ class Scheduler:
         model.executor = self.executor
         self.executor.placement = self
 
+    def _holders(self) -> list[Request]:
+        return [r for r in self._requests.values() if r.holds]
+
     @property
     def busy(self) -> bool:
-        """True while a request holds the model."""
-        return bool(self._owners)
+        """True while a request holds the model (running, or ending while its work runs)."""
+        with self._cond:
+            return any(r.holds for r in self._requests.values())
 
     @property
     def running(self) -> int:
         """Requests holding the model now."""
-        return len(self._owners)
+        with self._cond:
+            return len(self._holders())
 
     @property
     def waiting(self) -> int:
-        """Requests waiting to hold the model."""
+        """Requests waiting to hold the model (in line, or keeping their place while they wait for memory)."""
         return len(self._queue)
+
+    def requests(self, finished: bool = False) -> list[RequestInfo]:
+        """The requests in line or holding the model, in arrival order (with `finished`, the last ones that ended)."""
+        with self._cond:
+            live = sorted(self._requests.values(), key=lambda r: r.ticket)
+            return [r.info() for r in (list(self.finished) if finished else []) + live]
 
     def together(self) -> int:
         """Device bytes the holders need at once: each one's peak beside the others' reserves, at the largest."""
         with self._cond:
-            rows = list(self._owners.values())
+            rows = [(r.peak, r.reserve) for r in self._holders()]
         if not rows:
             return 0
         return max(p - r for p, r in rows) + sum(r for _, r in rows)
@@ -116,29 +128,29 @@ class Scheduler:
         (MemoryBudgetError); so it does without `wait` (a call on the model's own compute loop).
         """
         with self._cond:
-            if lease not in self._owners:
+            me = self._requests.get(lease)
+            if me is None or not me.holds:
                 return
-            reserve = self._owners[lease][1]
-            grown = (max(peak, reserve), reserve)
+            grown = max(peak, me.reserve)
 
             def fits() -> bool:
-                if lease not in self._owners:  # it ended meanwhile
+                if not me.holds:  # it ended meanwhile
                     return True
-                rows = [grown if other is lease else held for other, held in self._owners.items()]
+                rows = [(grown if r is me else r.peak, r.reserve) for r in self._holders()]
                 if budget is None or max(p - r for p, r in rows) + sum(r for _, r in rows) <= budget:
                     return True
-                if not wait or set(self._owners) - {lease} <= self._growing:
+                if not wait or all(r.growing for r in self._holders() if r is not me):
                     raise MemoryBudgetError(
-                        f"a stage call needs {format_bytes(grown[0])} beside the other requests running on this"
+                        f"a stage call needs {format_bytes(grown)} beside the other requests running on this"
                         f" model, which wait for room too; it gives way (retry, or raise the budget)")
                 return False
-            self._growing.add(lease)
+            me.growing = True
             try:
                 lease.wait_for(self._cond, fits, "while waiting for room beside the requests running with it")
             finally:
-                self._growing.discard(lease)
-            if lease in self._owners:
-                self._owners[lease] = grown
+                me.growing = False
+            if me.holds:
+                me.peak = grown
             self._cond.notify_all()
 
     @contextlib.contextmanager
@@ -146,69 +158,90 @@ class Scheduler:
              budget: int | None = None, bound: int | None = None) -> Iterator[None]:
         """Hold the model for one request of `peak` bytes that keeps `reserve` of them while others run beside it;
         with a `budget`, it joins a running batch only while `together()` stays within it. The lease's
-        cancel or deadline ends the wait for a turn (RequestCancelled)."""
+        cancel or deadline ends the wait for a turn (RequestCancelled). The hold ends when the block has
+        ended and so has the request's work on the model (`Lease.after_work`)."""
         me = threading.get_ident()
         width = max(1, self.model.batch_width)
         with self._cond:
-            if me in self._threads.values():
+            if any(r.thread == me for r in self._holders()):
                 raise InvalidRequest(f"a request on {name} is still open in this thread; finish or close it first")
-            if lease not in self._keeping:
-                ticket = self._places.setdefault(lease, next(self._arrivals))
-                bisect.insort(self._queue, (ticket, lease), key=lambda entry: entry[0])
+            request = self._requests.get(lease)
+            if request is not None and request.holds:
+                raise InvalidRequest(f"this request already holds {name}")
+            if request is None:
+                request = self._requests[lease] = Request(lease, self.name, next(self._arrivals))
+                bisect.insort(self._queue, request, key=lambda r: r.ticket)
+            request.status = WAITING  # a request back from waiting for memory is in line at its place already
 
             def turn() -> bool:
-                if self._queue[0][1] is not lease or len(self._owners) >= width:
+                holders = self._holders()
+                if self._queue[0] is not request or len(holders) >= width:
                     return False
-                if not self._owners or budget is None:
+                if not holders or budget is None:
                     return True
                 # joining: every holder's largest call (its bound) must fit beside the others' reserves, so
                 # that no row's call can later wait for room only rows waiting to grow too could give
-                rows = [*self._bounds.values(), (max(bound or peak, reserve), reserve)]
+                rows = [*((r.bound, r.reserve) for r in holders), (max(bound or peak, reserve), reserve)]
                 return max(p - r for p, r in rows) + sum(r for _, r in rows) <= budget
             try:
                 lease.wait_for(self._cond, turn, f"while waiting for its turn on {name}")
-            except BaseException:
-                self._places.pop(lease, None)
+            except BaseException as e:
+                self._end(request, str(e))
                 raise
             finally:
-                self._queue = [entry for entry in self._queue if entry[1] is not lease]
-                self._keeping.discard(lease)
+                if request in self._queue:
+                    self._queue.remove(request)
                 self._cond.notify_all()  # the next in line may fit now (or the line moved on without me)
-            self._owners[lease] = (max(peak, reserve), reserve)
-            self._bounds[lease] = (max(bound or peak, reserve), reserve)
-            self._threads[lease] = me
+            request.status, request.thread = RUNNING, me
+            request.peak, request.reserve = max(peak, reserve), reserve
+            request.bound = max(bound or peak, reserve)
         try:
             yield
         finally:
             with self._cond:
-                self._threads.pop(lease, None)  # this thread may open another request now
-            lease.after_work(lambda: self._let_go(lease))  # the model stays held while its work runs
+                request.thread = None  # this thread may open another request now
+                if request.status == RUNNING:
+                    request.status = ENDING
+            lease.after_work(lambda: self._let_go(request))  # the model stays held while its work runs
 
     def keep_place(self, lease: Lease) -> None:
         """Call inside `hold` before leaving it to wait for room elsewhere: the request stays in line at its place, so
         none that came later takes the model meanwhile; it enters `hold` again at the front, or `leave_line`."""
         with self._cond:
-            self._keeping.add(lease)
-            bisect.insort(self._queue, (self._places[lease], lease), key=lambda entry: entry[0])
+            request = self._requests[lease]
+            request.status, request.thread = WAITING_FOR_MEMORY, None
+            bisect.insort(self._queue, request, key=lambda r: r.ticket)
 
-    def leave_line(self, lease: Lease) -> None:
-        """The request no longer waits (it runs, or ended while waiting for room): its place goes."""
+    def leave_line(self, lease: Lease, reason: str | None = None) -> None:
+        """The request no longer waits (it runs, or ended while waiting for memory, for `reason`)."""
         with self._cond:
-            if lease in self._keeping:
-                self._keeping.discard(lease)
-                self._queue = [entry for entry in self._queue if entry[1] is not lease]
-            if lease not in self._owners:
-                self._places.pop(lease, None)
+            request = self._requests.get(lease)
+            if request is not None and not request.holds:
+                if request in self._queue:
+                    self._queue.remove(request)
+                self._end(request, reason)
             self._cond.notify_all()
 
-    def _let_go(self, lease: Lease) -> None:
+    def failed(self, lease: Lease, error: BaseException) -> None:
+        """Note the error a holding request ends with (its reason once it finishes)."""
+        with self._cond:
+            request = self._requests.get(lease)
+            if request is not None and request.reason is None:
+                request.reason = f"{type(error).__name__}: {error}"
+
+    def _let_go(self, request: Request) -> None:
         """The request's hold ends (its last work on the model has ended)."""
         with self._cond:
-            if lease not in self._keeping:
-                self._places.pop(lease, None)
-            self._owners.pop(lease, None)
-            self._bounds.pop(lease, None)
+            if request.holds:
+                self._end(request)
             self._cond.notify_all()
+
+    def _end(self, request: Request, reason: str | None = None) -> None:
+        """It is finished (under the condition): out of the scheduler, into the recent ones."""
+        request.finish(reason)
+        if self._requests.get(request.lease) is request:
+            del self._requests[request.lease]
+            self.finished.append(request)
 
     # -- placement --------------------------------------------------------------------------------
     def apply(self, plan: Plan) -> None:
@@ -310,7 +343,14 @@ class Scheduler:
                 for name in wanted:
                     if name not in self._on_device:
                         self._move(name, True)
-            yield self.device
+            request = self._requests.get(lease if lease is not None else running)
+            if request is not None:
+                request.stage = stage  # what the request runs now (Runtime.requests)
+            try:
+                yield self.device
+            finally:
+                if request is not None:
+                    request.stage = None
 
     def reserve(self, stage: str, lease: Lease | None, working: int, sizes: dict) -> contextlib.AbstractContextManager:
         """The runtime's room for one call (`Model.room`): for the lease given, or the executor call's it is made in."""

@@ -106,7 +106,7 @@ def test_a_growing_call_waits_for_the_other_requests_room_and_gives_way_when_all
     grown = threading.Event()
     grower = threading.Thread(target=lambda: (sched.resize(a, 7, budget=10), grown.set()))
     grower.start()
-    assert not grown.wait(0.3) and a in sched._growing  # 7 beside 4 > 10
+    assert not grown.wait(0.3) and sched._requests[a].growing  # 7 beside 4 > 10
     with pytest.raises(MemoryBudgetError, match="gives way"):
         sched.resize(b, 7, budget=10)  # both would wait for the other
     sched.resize(b, 4)  # back to its admission: nothing changes for A
@@ -116,7 +116,7 @@ def test_a_growing_call_waits_for_the_other_requests_room_and_gives_way_when_all
     assert grown.wait(10) and sched.together() == 7
     releases[0].set()
     grower.join(10), holders[0].join(10)
-    assert sched.running == 0 and not sched._growing
+    assert sched.running == 0 and sched.requests() == []
 
 
 def test_a_growing_call_ends_with_its_lease(tone_dir):
@@ -129,9 +129,10 @@ def test_a_growing_call_ends_with_its_lease(tone_dir):
     for t in holders:
         t.start()
         assert entered.acquire(timeout=10)
-    error, took = cancel_during(lambda: sched.resize(a, 7, budget=10), a, lambda: a in sched._growing)
+    error, took = cancel_during(lambda: sched.resize(a, 7, budget=10), a, lambda: sched._requests[a].growing)
     assert isinstance(error, RequestCancelled) and took < 1.0
-    assert not sched._growing and sched._owners[a] == (4, 4)
+    request = sched._requests[a]
+    assert not request.growing and (request.peak, request.reserve) == (4, 4)
     release.set()
     for t in holders:
         t.join(10)

@@ -57,6 +57,7 @@ def test_a_cancelled_request_holds_its_model_until_its_running_compute_ends(tone
         try:
             # ... but its render still runs on the model's compute thread: the model is still the request's
             assert rt.pins(name) == 1 and rt.info(name).running == 1 and not lease.released
+            assert [r.status for r in rt.requests()] == ["ending"]  # its caller left; its work has not ended
             with pytest.raises(ModelBusy):
                 rt.unload(name)
             with pytest.raises(MemoryBudgetError, match=f"held by {name}"):
@@ -71,7 +72,35 @@ def test_a_cancelled_request_holds_its_model_until_its_running_compute_ends(tone
         second.join(10)
         assert queued == [1] and gate.calls == 2
         assert _until(lambda: rt.pins(name) == 0 and rt.info(name).running == 0) and lease.released
+        assert [(r.status, r.reason) for r in rt.requests(finished=True)] == [
+            ("finished", "cancelled by the test"), ("finished", "done")]
         rt.unload(name)
+
+
+def test_a_request_shows_its_status_and_the_stage_it_runs(tone_dir):
+    with Runtime(engines=[ToneEngine], plugins=False, voices=False) as rt:
+        name = rt.load(tone_dir)
+        model = rt.model(name)
+        entered, go, original = threading.Event(), threading.Event(), model._notes
+
+        def notes(*args):
+            entered.set()
+            assert go.wait(20)
+            yield from original(*args)
+        model._notes = notes
+        first = threading.Thread(target=lambda: list(rt.synthesize(name, "abc", voice="low")))
+        first.start()
+        try:
+            assert entered.wait(10)
+            second = threading.Thread(target=lambda: list(rt.synthesize(name, "abc", voice="low")))
+            second.start()
+            assert _until(lambda: len(rt.requests()) == 2)
+            assert [(r.status, r.stage) for r in rt.requests(name)] == [("running", "notes"), ("waiting", None)]
+        finally:
+            go.set()
+        first.join(10)
+        second.join(10)
+        assert rt.requests() == [] and [r.reason for r in rt.requests(finished=True)] == ["done", "done"]
 
 
 class _GatedTone(ToneEngine):
@@ -202,4 +231,5 @@ def test_requests_waiting_for_memory_keep_their_arrival_order(tone_dir, tmp_path
         first.join(30)
         second.join(30)
         assert [kind for kind, _ in order] == ["long", "short"]
-        assert line.waiting == 0 and line.running == 0 and not line._places
+        assert line.waiting == 0 and line.running == 0 and line.requests() == []
+        assert [r.reason for r in line.requests(finished=True)][-2:] == ["done", "done"]
