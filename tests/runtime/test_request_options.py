@@ -32,6 +32,17 @@ def test_an_unknown_option_lists_the_known_ones():
         resolve_options((), {"weight": 1.0})
 
 
+def test_an_error_names_a_few_unknown_options_and_quotes_a_short_prefix_of_a_value():
+    """A request may send a million names or a megabyte value: the message names three and says how many more,
+    and quotes 40 characters of a value with its length (issue 50)."""
+    with pytest.raises(InvalidRequest) as e:
+        resolve_options((WEIGHT,), {f"o{i:06d}": 0 for i in range(100_000)})
+    assert str(e.value) == "model has no option 'o000000', 'o000001', 'o000002' and 99997 more; its options: weight"
+    with pytest.raises(InvalidRequest) as e:
+        resolve_options((STYLE,), {"style": "x" * (1 << 20)})
+    assert len(str(e.value)) < 200 and "(1048576 characters)" in str(e.value)
+
+
 def test_text_settings_are_parsed_by_type():
     got = parse_settings((WEIGHT, STEPS, FAST, STYLE), ["weight=0.25", "steps=3", "fast=yes", "style=bright"])
     assert got == {"weight": 0.25, "steps": 3, "fast": True, "style": "bright"}
