@@ -57,7 +57,8 @@ WEBSOCKETS = {"/v1/audio/speech/stream": {
     "description": "client: session.start {speech fields except input and stream_format; response_format pcm}, "
                    "then input_text.append {text} messages and input_text.done; server: session.created "
                    "{model, sample_rate, format, stream_in}, binary audio, speech.audio.done; errors as "
-                   "{type: error, error: {...}} and the socket closes (1008 bad input, 1011 server error)"}}
+                   "{type: error, error: {...}} and the socket closes (1008 bad input, 1013 every slot taken: retry, "
+                   "4504 deadline, 4507 out of memory, 1011 server error, 1009 message too big)"}}
 
 
 def errors(*codes: int, why: dict[int, str] | None = None) -> dict[int | str, dict]:
@@ -252,7 +253,8 @@ async def _ws(ws: WebSocket) -> None:
 
 # ---- errors and counting -------------------------------------------------------------------------
 class _Answers:
-    """Counts every answer by route, model and status, and turns an unhandled error into the JSON 500."""
+    """Counts every answer by route, model and status, turns an unhandled error into the JSON 500, and answers
+    HEAD as GET."""
 
     def __init__(self, app: Any):
         self.app = app
