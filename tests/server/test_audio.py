@@ -35,7 +35,7 @@ def test_an_inline_reference_is_decoded_without_leaving_a_team_in_the_job(h):
 
 
 def test_server_cli_and_wyoming_carry_the_same_pcm16(tmp_path):
-    """The server's wav/pcm/flac bodies, nn.dsp's PCM_16 WAV, `say`'s float WAV and Wyoming's chunks: one PCM16."""
+    """The server's wav/pcm/flac bodies, nn.dsp's PCM_16 WAV, `say`'s WAV (PCM16, through the same encoder) and Wyoming's chunks: one PCM16."""
     import io
     from types import SimpleNamespace
 
@@ -58,7 +58,7 @@ def test_server_cli_and_wyoming_carry_the_same_pcm16(tmp_path):
     data = (tmp_path / "pcm16.wav").read_bytes()
     assert data[data.index(b"data") + 8:] == pcm
     assert soundfile.read(io.BytesIO(encode(x, 24000, "flac")), dtype="int16")[0].astype("<i2").tobytes() == pcm
-    # `mizuoto say` writes a float WAV: its samples come back exactly, so their PCM16 is this one too
+    # `mizuoto say` writes the server's PCM16 WAV (nn/dsp/encode.py): it reads back to the same PCM16
     say_wav(tmp_path / "say.wav", [SimpleNamespace(samples=x, sample_rate=24000)])
     assert to_pcm16(read_audio(tmp_path / "say.wav")[0][0]) == pcm
     assert wyoming.to_pcm16 is to_pcm16  # Wyoming's audio-chunk payloads are consecutive slices of its bytes
