@@ -35,7 +35,7 @@ def test_an_inline_reference_is_decoded_without_leaving_a_team_in_the_job(h):
 
 
 def test_server_cli_and_wyoming_carry_the_same_pcm16(tmp_path):
-    """The server's wav/pcm/flac bodies, nn.dsp's PCM_16 WAV, `say`'s WAV (PCM16, through the same encoder) and Wyoming's chunks: one PCM16."""
+    """The server's wav/pcm/flac bodies, nn.dsp's PCM_16 WAV, `say`'s PCM16 WAV and Wyoming's chunks: one PCM16."""
     import io
     from types import SimpleNamespace
 
