@@ -101,7 +101,8 @@ def test_the_checker_catches_someone_elses_package():
     for fine in ("pip install -e '.[server]'", "pip install '/path/to/checkout[server]'", "pip install -e .",
                  "pip install 'mizuoto-runtime[aac]' (PyAV)", "pip install -e plugins/mizuoto-piper",
                  "pip install dist/mizuoto_runtime-0.2.0-py3-none-any.whl", "pip install onnxruntime"):
-        assert install_commands(fine) and not any(foreign_installs(a, KNOWN, EXTRAS) for a in install_commands(fine)), fine
+        found = install_commands(fine)
+        assert found and not any(foreign_installs(a, KNOWN, EXTRAS) for a in found), fine
     assert foreign_installs("-e '.[nonesuch]'", KNOWN, EXTRAS)  # an extra we do not declare
 
 

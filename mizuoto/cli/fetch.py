@@ -38,8 +38,8 @@ PINNED = {
     "whisper-vocab": Pinned(
         resource="whisper", file="multilingual.tiktoken",
         sha256="b34b360dbb493e781e479794586d661700670d65564001f23024971d1f2fa126",
-        url="https://files.pythonhosted.org/packages/35/8e/d36f8880bcf18ec026a55807d02fe4c7357da9f25aebd92f85178000c0dc/"
-            "openai_whisper-20250625.tar.gz",
+        url="https://files.pythonhosted.org/packages/35/8e/"
+            "d36f8880bcf18ec026a55807d02fe4c7357da9f25aebd92f85178000c0dc/openai_whisper-20250625.tar.gz",
         archive_sha256="37a91a3921809d9f44748ffc73c0a55c9f366c85a3ef5c2ae0cc09540432eb96",
         member="openai_whisper-20250625/whisper/assets/multilingual.tiktoken",
         what="CosyVoice 1's text vocabulary (Whisper's multilingual.tiktoken, from openai-whisper 20250625)"),

@@ -173,7 +173,8 @@ def _load(rt, command: str, model: str, engine: str | None, options: dict) -> st
 def _say_setup(p: argparse.ArgumentParser) -> Callable:
     p.add_argument("text", nargs="?", help="text to speak ('-' reads stdin; omit for --mode vc)")
     p.add_argument("-m", "--model", required=True,
-                   help="model directory, a plugin's model id (en_US-joe-medium) or Hugging Face repo id (org/name[@rev])")
+                   help="model directory, a plugin's model id (en_US-joe-medium) or Hugging Face repo id"
+                        " (org/name[@rev])")
     p.add_argument("-o", "--output", required=True,
                    help="output file, written atomically in the format its name says: .wav (16-bit PCM), .mp3, .flac,"
                         " .ogg/.opus, .aac (needs the aac extra), .pcm (raw 16-bit)")
@@ -229,7 +230,8 @@ def _say_setup(p: argparse.ArgumentParser) -> Callable:
             what = f"say: {request.mode} with {name}" + (f", {len(text):,} characters" if text else "")
             seconds, rate, count = write_audio(args.output, _counted(rt.synthesize(name, request), what),
                                                fmt, args.float_wav)
-        kind = "32-bit float wav" if args.float_wav else {"wav": "16-bit PCM wav", "pcm": "raw 16-bit PCM"}.get(fmt, fmt)
+        kind = ("32-bit float wav" if args.float_wav else
+                {"wav": "16-bit PCM wav", "pcm": "raw 16-bit PCM"}.get(fmt, fmt))
         print(f"wrote {args.output}: {seconds:.2f} s at {rate} Hz in {count} chunk(s)"
               f" ({info.engine} engine on {info.device}); mode {request.mode}{_why_mode(args, request)}, {kind}")
         return 0

@@ -144,7 +144,8 @@ def test_the_parser_is_built_without_torch(tmp_path):
     built = _without_torch(tmp_path, code="from mizuoto.cli.main import build_parser\n"
                                           "p = build_parser()\n"
                                           "for argv in (['say', 'hi', '-m', 'm', '-o', 'o.wav'], ['bench', '-m', 'm'],"
-                                          " ['models', '--plan', 'm', '--plot', 'p.png'], ['fetch', 'whisper-vocab']):\n"
+                                          " ['models', '--plan', 'm', '--plot', 'p.png'],"
+                                          " ['fetch', 'whisper-vocab']):\n"
                                           "    p.parse_args(argv)\n"
                                           "import sys; assert 'torch' not in sys.modules")
     assert built.returncode == 0, built.stderr
