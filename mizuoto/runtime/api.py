@@ -248,13 +248,13 @@ class Runtime:
             with self._lock:
                 self._check_open()  # close() came while the engine loaded: the model goes
                 name = self._unique(name or self.registry.engine_class(engine).model_name(path))
-                if executor is not None:
-                    executor.rename(name)
                 loaded = _Loaded(name, engine, variant, path, opts, model, None, None)
                 loaded.scheduler = Scheduler(model, opts.device, name=name, executor=executor, cond=self._changed,
                                              room=functools.partial(self._reserve, loaded))
                 loaded.plan = self._plan_for(loaded, None)
                 self._models[name] = loaded
+            if executor is not None:
+                executor.rename(name)  # its condition is never taken under the runtime's lock (lock order)
             while not self._try_admit(loaded, loaded.plan, waitable=end is not None and time.monotonic() < end,
                                       lease=lease):
                 self._wait_for_room(waiter)

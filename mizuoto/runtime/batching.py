@@ -30,12 +30,12 @@ pass, a call, its next token) takes the request's lease and ends with it. An err
 pass goes to that pass's rows; a failure of the loop itself goes to every request waiting on it,
 and the loop goes on. close() answers everything still waiting and joins the loop.
 
-On the CPU the loop packs the decoder's layers when it starts, on its own thread before its
-first pass (`mizuoto.nn.lm.packed_linear`: weights in column blocks, products 2x faster at 8
-rows than `F.linear`'s, the same bytes; 0.8 s for Qwen2-0.5B). From then on the decoder is the
-batch's: its prefills use the packed layers too, and an unbatched loop over it would no longer
-have upstream's numerics (a model that batches runs every request through its batch; before
-the first, the bench's single-request table still times upstream's loop on it).
+On the CPU the batcher packs the decoder's layers when it is made, at the model's load
+(`mizuoto.nn.lm.packed_linear`: weights in column blocks, products 2x faster at 8 rows than
+`F.linear`'s, the same bytes; 0.8 s for Qwen2-0.5B). The decoder is the batch's from its load
+on, never changed by a first batch: its prefills use the packed layers too, and any loop over
+it runs the batch's numerics, not upstream's (a model that batches runs every request through
+its batch; the bench's single-request table times the same packed layers).
 """
 
 from __future__ import annotations
@@ -185,10 +185,14 @@ class DecodeBatcher(Executor):
         super().__init__(name)
         self.decoder, self.head, self.width, self.gate = decoder, head, width, gate
         fast = decoder.embed_tokens.weight.device.type == "cuda"
-        self._pack = pack
+        self.packed = 0  # layers packed (CPU float32 only): now, at load, so no later batch changes the decoder
+        if pack:
+            try:
+                self.packed = pack_linears(decoder.layers)
+            except Exception:  # the dense layers still work, only slower
+                log.exception("%s: packing the LM's layers for the batch failed; they stay as they are", name)
         # step_rows unless captured (a GPT-2 decoder's learned positions are not in the graphed segments)
         self.batch_step = BatchStep(decoder, head, width, graphs=cuda_graphs and not decoder.config.learned_positions)
-        self.packed = 0  # layers packed, once the loop has started (CPU float32 only)
         self.sampler = FastSampler.like(sampler) if fast else sampler
         self.rows: list[Row | None] = [None] * width
         self._strays: list[threading.Thread] = []  # producers left waiting for streamed text (joined by close)
@@ -328,13 +332,6 @@ class DecodeBatcher(Executor):
         else:
             for p in item:
                 self._answer(p.row, error)
-
-    def _prepare(self) -> None:
-        if self._pack:
-            try:
-                self.packed = pack_linears(self.decoder.layers)
-            except Exception:  # the dense layers still work, only slower
-                log.exception("%s: packing the LM's layers for the batch failed; they stay as they are", self.name)
 
     def _idle_timeout(self) -> float | None:
         # a row still drawing its token: wait a little for it, then step without it

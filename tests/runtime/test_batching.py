@@ -444,3 +444,18 @@ def test_a_consumer_leaving_while_its_producer_waits_for_streamed_text_frees_its
         more.set()
         batcher.close()
     assert _threads() == 0
+
+
+@torch.inference_mode()
+def test_packing_is_decided_when_the_batch_is_made_not_by_its_first_pass(decoder):
+    """The decoder a batch packs is packed when the batch is made (at the model's load): a first batched
+    request no longer changes what any other use of the decoder computes afterwards."""
+    x = torch.randn(1, 5, CFG.hidden_size, generator=torch.Generator().manual_seed(3))
+    batcher = DecodeBatcher(decoder, _head(decoder), 2, contextlib.nullcontext, sampler=None)
+    try:
+        assert batcher.packed == 7 * CFG.num_hidden_layers and not batcher.alive  # before any pass or thread
+        before = decoder(x, DynamicKVCache())
+        assert len(list(batcher.run(_greedy(decoder, 4, 3, seed=1, record=[])))) == 3
+        assert torch.equal(decoder(x, DynamicKVCache()), before)
+    finally:
+        batcher.close()

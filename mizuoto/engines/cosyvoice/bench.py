@@ -174,7 +174,8 @@ class CosyVoiceBench:
         """The model's own synthesizer, its LM made to speak exactly `tokens` tokens (stop ids suppressed)."""
         # max_len = int(len(text) * ratio) must be exactly `tokens`: aim at its middle
         ratio = (tokens + 0.5) / self.inputs["text"].shape[1]
-        # the single-request table times the unbatched path (upstream's loop), the sweep the batch
+        # the single-request table times the unbatched path (upstream's loop; on a batching model over the
+        # layers its batch packed at load), the sweep the batch
         return self.model.synthesizer(batched=self._batched, max_token_text_ratio=ratio, min_token_text_ratio=0,
                                       suppress_stop=True)
 
