@@ -30,7 +30,6 @@ NOT_YET = {
     ("mizuoto/engines/cosyvoice/llm.py", "DecodeSteps"),
     ("plugins/mizuoto-chatterbox/mizuoto_chatterbox/engine.py", "mizuoto.runtime.batching"),
     ("plugins/mizuoto-chatterbox/mizuoto_chatterbox/engine.py", "DecodeBatcher"),
-    ("plugins/mizuoto-piper/mizuoto_piper/engine.py", "Executor"),
 }
 
 

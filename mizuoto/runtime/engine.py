@@ -15,7 +15,7 @@ from typing import Any, Union
 import torch
 
 from mizuoto.errors import AudioError, InvalidRequest
-from mizuoto.runtime.executor import Executor  # public here: a model running several requests at once brings one
+from mizuoto.runtime.executor import Executor  # the type of Model.executor (a batching LM brings its own)
 from mizuoto.runtime.request_options import RequestOption, check_declared, check_given, resolve_options  # noqa: F401 (public here)
 
 # Synthesis modes (see docs/architecture.md):
@@ -332,10 +332,11 @@ class Model(abc.ABC):
     # and its stage calls take turns (one `use` block at a time).
     batch_width: int = 1
     # The model's one compute thread (`Executor`): every stage call of its requests runs there, and
-    # the runtime's placement of its modules is a property of it (`Executor.placement`). A model
-    # that batches (or runs calls of its own) brings one at load and submits its stage calls
-    # there itself; a model without one is given its scheduler's when a runtime adopts it, and the
-    # runtime then runs each step of its `synthesize` iterator there, one request at a time.
+    # the runtime's placement of its modules is a property of it (`Executor.placement`). The runtime
+    # gives it one when it adopts the model (an LM that batches brings its batch loop instead). At
+    # width 1 the runtime runs each step of the `synthesize` iterator there, one request at a time;
+    # above it, each request's iterator runs in its own thread and its compute goes there through
+    # `submit` (so requests interleave there, and one waiting for streamed text holds no turn).
     executor: Executor | None = None
 
     def voices(self) -> list[Voice]:

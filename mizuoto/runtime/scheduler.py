@@ -81,7 +81,11 @@ class Scheduler:
         own = getattr(model, "executor", None)
         # `executor`: the one the model was loaded on, kept for its requests (unless it brings its own)
         self.executor: Executor = own if own is not None else executor if executor is not None else Executor(name)
-        self._runs_chunks = own is None  # else the engine submits its own compute to its executor
+        # A model running one request at a time has each step of its chunk iterator run on the executor here. One
+        # that runs several at once (batch_width > 1) runs its requests' own code in their threads and submits its
+        # compute (Model.submit) to the executor: the runtime's, or the batch loop it brought.
+        self._runs_chunks = own is None and model.batch_width <= 1
+        self._made = own is None  # close() closes the executor unless the model brought it
         model.executor = self.executor
         self.executor.placement = self
 
@@ -321,7 +325,7 @@ class Scheduler:
         """Stop and join the executor this scheduler made (a model's own one closes with the model); the model,
         if used on, runs where its modules are."""
         self.executor.placement = None
-        if self._runs_chunks:
+        if self._made:
             self.executor.close()
             self.model.executor = None
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mizuoto.runtime.engine import AudioChunk, Capabilities, Engine, Executor, Model, Stage, SynthesisRequest, Voice
+from mizuoto.runtime.engine import AudioChunk, Capabilities, Engine, Model, Stage, SynthesisRequest, Voice
 from mizuoto.errors import InvalidRequest, ModelLoadError
 from mizuoto_piper.noise import NOISE_INPUT, draw, make_seedable
 from mizuoto_piper.phonemize import phonemize
@@ -109,8 +109,7 @@ class PiperModel(Model):
         )
         self.capabilities = Capabilities(modes=frozenset({"preset"}), sample_rate=config.sample_rate, stream_out=True,
                                   stream_in=True, languages=(config.language,) if config.language else ())
-        self.batch_width = width
-        self.executor = Executor(f"piper-{onnx_path.stem}")
+        self.batch_width = width  # the runtime gives the voice its one compute thread (Model.submit runs there)
 
 
     def voices(self) -> list[Voice]:
@@ -191,7 +190,6 @@ class PiperModel(Model):
         yield AudioChunk(ready, rate, index, True)
 
     def close(self) -> None:
-        self.executor.close()  # answers what still waits and joins its thread
         self.session = None
 
 
