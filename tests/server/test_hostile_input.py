@@ -24,7 +24,9 @@ def keyed(h, tmp_path_factory):
     """A server with an API key over two tone models of different weights (a voice of one is foreign to the other)."""
     root = tmp_path_factory.mktemp("input")
     models = {"a": h.write_model(root / "a", seed=0), "b": h.write_model(root / "b", seed=1)}
-    server = h.start_server(models, ServerConfig(api_key=USER_KEY))
+    with pytest.MonkeyPatch.context() as env:  # a store of its own: the voices it caches stay out of other servers'
+        env.setenv("MIZUOTO_VOICE_STORE", str(root / "voices"))
+        server = h.start_server(models, ServerConfig(api_key=USER_KEY))
     yield server, models
     server.stop()
 
