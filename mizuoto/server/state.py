@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from mizuoto.runtime.engine import Reference
-from mizuoto.runtime.lease import Lease
+from mizuoto.runtime.lease import POLL_S, Lease
 from mizuoto.errors import InvalidRequest
 from mizuoto.server.audio import available_formats
 from mizuoto.server.errors import ApiError
@@ -176,12 +176,16 @@ class ServerState:
         while True:
             if self._have(name, lease):
                 return
-            self.check_model(name)
-            with self._load_lock:  # only to pick the one loader of this name
+            with self._load_lock:  # only to pick the one loader of this name (an admin load may have it)
                 flight = self._loading.get(name)
-                mine = flight is None
+                mine = flight is None and name in self.catalogue
                 if mine:
                     flight = self._loading[name] = threading.Event()
+            if flight is None:
+                self.check_model(name)  # 404, unless it was loaded meanwhile (and still being admitted)
+                waiter.check(f"while model {name} loads")
+                time.sleep(POLL_S)
+                continue
             if not mine:
                 waiter.wait(flight, f"while model {name} loads for another request")
                 continue
@@ -209,18 +213,29 @@ class ServerState:
         return any(root.resolve() in path.parents for root in self.config.model_roots)
 
     def load(self, name: str, path: Path, engine: str | None = None) -> tuple[str, list[str]]:
-        """Load a model (replacing the catalogue entry of its name); returns (name, models evicted for it)."""
+        """Load a model (replacing the catalogue entry of its name); returns (name, models evicted for it).
+
+        The lock is held only to check and to claim the name: requests for other models (and their
+        loads) go on while this one loads, and a request for this name waits for it with its lease.
+        """
         with self._load_lock:
             before = set(self.loaded())
-            if name in before:
-                raise ApiError(409, f"model {name!r} is already loaded; unload it first", "model")
+            if name in before or name in self._loading:
+                raise ApiError(409, f"model {name!r} is already loaded or loading; unload it first", "model")
             twin = next((n for n in before if self.catalogue.get(n) is not None
                          and self.catalogue[n].resolve() == path.resolve()), None)
             if twin is not None:
                 raise ApiError(409, f"that directory is already loaded as {twin!r}", "path")
+            flight = self._loading[name] = threading.Event()
+        try:
             loaded = self.runtime.load(path, engine=engine, name=name, **self.config.load_options)
-            self.catalogue[loaded] = path
+            with self._load_lock:
+                self.catalogue[loaded] = path
             return loaded, sorted(before - set(self.loaded()))
+        finally:
+            with self._load_lock:
+                del self._loading[name]
+            flight.set()
 
     def unload(self, name: str) -> None:
         """Unload a loaded model (it stays in the catalogue and loads again on use)."""

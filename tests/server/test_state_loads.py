@@ -1,0 +1,47 @@
+"""ServerState's loads: an admin load holds the load lock only to claim its name, so requests for other models
+(and their loads) are not held up behind it, and a request for the model being loaded waits with its lease."""
+
+import json
+import threading
+import time
+
+from mizuoto.errors import RequestCancelled
+from mizuoto.runtime.api import Runtime
+from mizuoto.runtime.lease import Lease
+from mizuoto.server.state import ServerConfig, ServerState
+from mizuoto.testing.toy import CONFIG, ToneEngine, write_model
+from mizuoto.testing.waits import cancel_during
+
+
+class _SlowLoad(ToneEngine):
+    """The tone engine whose load of a directory named 'slow' waits for the class's gate."""
+
+    entered, go = threading.Event(), threading.Event()
+
+    def load(self, model_dir, options):
+        if model_dir.name == "slow":
+            type(self).entered.set()
+            assert type(self).go.wait(20), "the test never opened the gate"
+        return super().load(model_dir, options)
+
+
+def test_an_admin_load_does_not_hold_up_other_models_and_a_request_for_it_waits_with_its_lease(tmp_path):
+    fast, slow = write_model(tmp_path / "fast"), write_model(tmp_path / "slow")
+    _SlowLoad.entered, _SlowLoad.go = threading.Event(), threading.Event()
+    with Runtime(engines=[_SlowLoad], plugins=False, voices=False) as rt:
+        state = ServerState(rt, ServerConfig(load_options={"device": "cpu"}), {"fast": fast})
+        admin = threading.Thread(target=lambda: state.load("slow", slow))
+        admin.start()
+        try:
+            assert _SlowLoad.entered.wait(10)
+            started = time.monotonic()
+            state.ensure_loaded("fast", Lease(30))  # another model loads meanwhile
+            assert time.monotonic() - started < 5.0 and "fast" in state.loaded()
+            waiting = Lease()
+            error, took = cancel_during(lambda: state.ensure_loaded("slow", waiting), waiting, settle=0.1)
+            assert isinstance(error, RequestCancelled) and "loads for another request" in str(error) and took < 1.0
+        finally:
+            _SlowLoad.go.set()
+            admin.join(20)
+        assert not admin.is_alive() and set(state.loaded()) == {"fast", "slow"}
+        assert json.loads((slow / CONFIG).read_text())["engine"] == "tone"
