@@ -23,11 +23,12 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.staticfiles import StaticFiles
 
 from mizuoto import __version__
-from mizuoto.errors import MizuotoError
+from mizuoto.errors import InvalidRequest, MizuotoError
 from mizuoto.server import page, schemas, speech, voices, websocket
 from mizuoto.server.audio import MEDIA_TYPES
 from mizuoto.server.errors import ApiError, from_exception
 from mizuoto.server.jobs import in_fresh_thread, in_time
+from mizuoto.runtime.api import ModelInfo
 from mizuoto.runtime.malloc import tune_malloc
 from mizuoto.server.schemas import Error, Omitted, checked, parse_json
 from mizuoto.server.state import ServerConfig, ServerState
@@ -142,29 +143,43 @@ async def _speech(request: Request) -> Response:
                              headers=speech.headers(p, first.sample_rate))
 
 
-def _model_entry(state: ServerState, name: str, admin: bool = True) -> dict:
-    loaded = name in state.loaded()
-    entry = {"id": name, "object": "model", "created": 0, "loaded": loaded}
+def _model_entry(state: ServerState, name: str, admin: bool = True, info: ModelInfo | None = None) -> dict:
+    """A model as GET /v1/models lists it; `info` from one listing of the loaded models (else looked up now).
+
+    A model evicted or unloaded after that listing is shown as not loaded (never an error).
+    """
+    if info is None:
+        info = next((i for i in state.runtime.models() if i.name == name), None)
+    voices = None
+    if info is not None:
+        try:
+            voices = [v.id for v in state.runtime.voices(name)]
+        except InvalidRequest:  # unloaded meanwhile
+            info = None
+    entry = {"id": name, "object": "model", "created": 0, "loaded": info is not None}
     if admin:  # where a model lies on the server is the administrator's business only
         entry["path"] = str(state.catalogue.get(name, ""))
-    if loaded:
-        info = state.runtime.info(name)
+    if info is not None:
         caps = info.capabilities
         entry.update(owned_by=info.engine, engine=info.engine, variant=info.variant, device=info.device,
                      state=info.state, strategy=info.strategy, sample_rate=caps.sample_rate, modes=sorted(caps.modes),
                      stream_out=caps.stream_out, stream_in=caps.stream_in, languages=list(caps.languages),
-                     voices=[v.id for v in state.runtime.voices(name)],
-                     options=[{"name": o.name, **o.schema()} for o in caps.options])
+                     voices=voices, options=[{"name": o.name, **o.schema()} for o in caps.options])
     else:
         entry["owned_by"] = "mizuoto"
     return entry
 
 
+def model_list(state: ServerState, admin: bool) -> dict:
+    """GET /v1/models' body: the loaded models, as one listing saw them, then the catalogue's others."""
+    infos = {i.name: i for i in state.runtime.models()}
+    names = list(dict.fromkeys([*infos, *state.catalogue]))
+    return {"object": "list", "data": [_model_entry(state, n, admin, infos.get(n)) for n in names]}
+
+
 async def _models(request: Request) -> Response:
     state = _state(request)
-    names = list(dict.fromkeys([*state.loaded(), *state.catalogue]))
-    admin = state.is_admin(request.headers.get("authorization"))
-    return JSONResponse({"object": "list", "data": [_model_entry(state, n, admin) for n in names]})
+    return JSONResponse(model_list(state, state.is_admin(request.headers.get("authorization"))))
 
 
 async def _load(request: Request) -> Response:

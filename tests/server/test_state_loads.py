@@ -45,3 +45,24 @@ def test_an_admin_load_does_not_hold_up_other_models_and_a_request_for_it_waits_
             admin.join(20)
         assert not admin.is_alive() and set(state.loaded()) == {"fast", "slow"}
         assert json.loads((slow / CONFIG).read_text())["engine"] == "tone"
+
+
+def test_listing_models_while_one_is_evicted_shows_it_unloaded_instead_of_failing(tmp_path):
+    """GET /v1/models' body from one listing: a model that goes between the listing and its details is shown as
+    not loaded (it answered 400 when the details of a model gone were asked for)."""
+    from mizuoto.server.app import model_list
+
+    a, b = write_model(tmp_path / "a"), write_model(tmp_path / "b")
+    with Runtime(engines=[ToneEngine], plugins=False, voices=False) as rt:
+        state = ServerState(rt, ServerConfig(load_options={"device": "cpu"}), {"a": a, "b": b})
+        state.ensure_loaded("a")
+        state.ensure_loaded("b")
+        original = rt.voices
+
+        def voices(name):  # the eviction lands between the listing and a model's details
+            if name == "a" and "a" in state.loaded():
+                rt.unload("a")
+            return original(name)
+        rt.voices = voices
+        listed = {m["id"]: m["loaded"] for m in model_list(state, admin=False)["data"]}
+        assert listed == {"a": False, "b": True}
