@@ -41,6 +41,7 @@ its batch; the bench's single-request table times the same packed layers).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import queue
 import threading
@@ -52,7 +53,7 @@ import torch
 from mizuoto.errors import RequestCancelled
 from mizuoto.runtime.decode import BatchStep
 from mizuoto.runtime.executor import JOIN_S, Executor
-from mizuoto.runtime.lease import POLL_S, Lease
+from mizuoto.runtime.lease import POLL_S, Lease, current
 from mizuoto.nn.lm.packed_linear import pack_linears
 from mizuoto.nn.lm.decoder import Decoder
 from mizuoto.nn.lm.sampling import FastSampler
@@ -218,6 +219,7 @@ class DecodeBatcher(Executor):
         """
         if not 1 <= rows <= self.width:
             raise ValueError(f"a sequence takes 1 to {self.width} rows of this batch, not {rows}")
+        lease = lease if lease is not None else current()  # the request whose token loop this is
         group = self._join(lease, rows)
         tokens: queue.Queue = queue.Queue()
 
@@ -232,7 +234,9 @@ class DecodeBatcher(Executor):
                 for row in group:
                     self._leave(row)
 
-        thread = threading.Thread(target=producer, name=f"mizuoto-{self.name}-row{group[0].index}", daemon=True)
+        # the producer runs as the request (its context: lease.current() is the request's lease)
+        thread = threading.Thread(target=contextvars.copy_context().run, args=(producer,),
+                                  name=f"mizuoto-{self.name}-row{group[0].index}", daemon=True)
         thread.start()
         try:
             while True:

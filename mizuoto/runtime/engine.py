@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import inspect
 import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -16,6 +15,7 @@ import torch
 
 from mizuoto.errors import AudioError, InvalidRequest
 from mizuoto.runtime.executor import Executor  # the type of Model.executor (a batching LM brings its own)
+from mizuoto.runtime.lease import current as current_lease
 from mizuoto.runtime.request_options import RequestOption, check_declared, check_given, resolve_options  # noqa: F401 (public here)
 
 # Synthesis modes (see docs/architecture.md):
@@ -319,11 +319,12 @@ class Stage:
 class Model(abc.ABC):
     """A loaded model. Engines subclass it; the runtime drives it only through these members.
 
-    Engine code wraps each stage's work in `with self.use(stage_name, lease) as device:` so the
+    Engine code wraps each stage's work in `with self.use(stage_name) as device:` so the
     runtime can bring that stage's modules onto the device first, and submits heavy work with
-    `self.submit(fn, lease, kind)`; both go through the model's executor (a no-op placement when
-    the model runs outside a runtime). An engine sets `stages` and `capabilities` when it loads
-    (attributes, or properties of its own).
+    `self.submit(fn, kind=...)`; both go through the model's executor (a no-op placement when
+    the model runs outside a runtime) and take the lease of the request whose code runs
+    (`runtime.lease.current`, set by the runtime): engine code never passes one. An engine sets
+    `stages` and `capabilities` when it loads (attributes, or properties of its own).
     """
 
     stages: tuple[Stage, ...]  # the model's stages in the order a request runs through them
@@ -347,9 +348,8 @@ class Model(abc.ABC):
     def synthesize(self, request: SynthesisRequest) -> Iterator[AudioChunk]:
         """Yield audio chunks for a request whose mode is resolved and checked against capabilities.
 
-        An engine that declares a `lease` keyword gets the request's `runtime.lease.Lease` (as
-        pluggy passes a hook implementation only the arguments it names): a batched model hands it
-        to every wait and stage call of its own (`DecodeBatcher.run`, `call`, `use(stage, lease)`).
+        The runtime runs each step of the iterator as the request: `use`, `room`, `submit` and a
+        batched LM's rows read its lease from there (`runtime.lease.current`), so none is passed.
         """
 
     def add_voice(self, voice_id: str, ref_audio: AudioSource, ref_text: str | None = None) -> Voice:
@@ -377,6 +377,7 @@ class Model(abc.ABC):
         `kind` names the work in the executor's timings; `urgent`: a request's first audio, which a
         batch loop runs ahead of its other work (`Executor.call`).
         """
+        lease = lease if lease is not None else current_lease()
         return fn() if self.executor is None else self.executor.call(fn, lease, kind, urgent=urgent)
 
     @contextlib.contextmanager
@@ -387,10 +388,11 @@ class Model(abc.ABC):
         reservation grows to it first, evicting idle models or waiting for room like admission
         (RequestTooLarge when the budget can never hold it); without one, nothing is reserved.
         Enter it where the request may wait: in the request's own thread, before submitting the
-        call to a batched model's compute loop. Without a `lease`, the lease of the executor call it
-        runs in (as `use`).
+        call to a batched model's compute loop. Without a `lease`, the lease of the request whose code
+        runs (`runtime.lease.current`).
         """
         working = self.stage(stage).call_working(**sizes)
+        lease = lease if lease is not None else current_lease()
         placement = self._placement()
         if placement is None:
             yield working
@@ -404,8 +406,9 @@ class Model(abc.ABC):
 
         `lease` (a `runtime.lease.Lease`): the request the call is for; its cancel or deadline
         raises RequestCancelled here, before the stage runs. Without one, the lease of the
-        executor call the block runs in, if any.
+        request whose code runs (`runtime.lease.current`), if any.
         """
+        lease = lease if lease is not None else current_lease()
         if lease is not None:
             lease.check(f"before its {stage} stage call")
         placement = self._placement()
@@ -424,14 +427,6 @@ class Model(abc.ABC):
             if s.name == name:
                 return s
         raise InvalidRequest(f"{type(self).__name__} has no stage {name!r}")
-
-
-def takes_lease(model: Model) -> bool:
-    """Whether the model's `synthesize` names a `lease` keyword (the runtime then passes the request's)."""
-    try:
-        return "lease" in inspect.signature(model.synthesize).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def stage_device(stage: Stage) -> torch.device:

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from mizuoto.errors import MizuotoError, RequestCancelled
-from mizuoto.runtime.lease import POLL_S, Lease
+from mizuoto.runtime.lease import POLL_S, Lease, within
 
 log = logging.getLogger("mizuoto.runtime")
 
@@ -88,7 +88,7 @@ class Executor:
         first audio, which a loop with other work to weigh it against may run first (the batch's).
         """
         if threading.current_thread() is self._thread:
-            with self.timing(kind):
+            with self.timing(kind), within(lease):
                 return fn()
         if lease is not None:
             lease.check("before its compute call")
@@ -214,7 +214,7 @@ class Executor:
     def _run(self, kind: str, item: Any) -> None:
         """Run one unit of work taken by `_work` (outside the condition)."""
         try:
-            with self.timing(item.kind):
+            with self.timing(item.kind), within(item.lease):  # the request's code sees its lease (lease.current)
                 result = item.fn()
         except BaseException as e:  # handed to the caller
             item.finish(None, e)

@@ -18,14 +18,39 @@ runs on it.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from mizuoto.errors import DeadlineExceeded, RequestCancelled
 
 POLL_S = 0.05  # the longest a waiting request goes without looking at its cancel and deadline
+
+# The lease of the request whose code runs now: set by the runtime around each step of an engine's
+# chunk iterator and each compute call it runs, and copied into threads started for the request, so
+# engine code never passes a lease (Model.use, room and submit, and the batch, read it here).
+_CURRENT: contextvars.ContextVar[Lease | None] = contextvars.ContextVar("mizuoto_lease", default=None)
+
+
+def current() -> Lease | None:
+    """The lease of the request whose code runs now (None outside any request)."""
+    return _CURRENT.get()
+
+
+@contextlib.contextmanager
+def within(lease: Lease | None) -> Iterator[None]:
+    """Run the block as the request with this lease (`current()`); None leaves the current one as it is."""
+    if lease is None:
+        yield
+        return
+    token = _CURRENT.set(lease)
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)
 
 
 class Lease:

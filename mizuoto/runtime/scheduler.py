@@ -39,10 +39,10 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from mizuoto.runtime.engine import AudioChunk, Model, SynthesisRequest, takes_lease
+from mizuoto.runtime.engine import AudioChunk, Model, SynthesisRequest
 from mizuoto.errors import InvalidRequest, MemoryBudgetError
 from mizuoto.runtime.executor import JOIN_S, Executor
-from mizuoto.runtime.lease import POLL_S, Lease
+from mizuoto.runtime.lease import POLL_S, Lease, within
 from mizuoto.runtime.memory import Plan, format_bytes
 from mizuoto.runtime.request import ENDING, RUNNING, WAITING, WAITING_FOR_MEMORY, Request, RequestInfo
 
@@ -317,9 +317,19 @@ class Scheduler:
                 log.warning("%s: closing a request on its executor: %s", self.executor.name, e)
 
     def _synthesize(self, request: SynthesisRequest, lease: Lease) -> Iterator[AudioChunk]:
-        if takes_lease(self.model):
-            return self.model.synthesize(request, lease=lease)
-        return self.model.synthesize(request)
+        """The engine's chunks, each step of its iterator run as the request (`lease.current()` is its lease)."""
+        with within(lease):
+            chunks = iter(self.model.synthesize(request))
+        try:
+            while True:
+                with within(lease):
+                    chunk = next(chunks, _END)
+                if chunk is _END:
+                    return
+                yield chunk
+        finally:
+            with within(lease):
+                chunks.close()
 
     def close(self) -> None:
         """Stop and join the executor this scheduler made (a model's own one closes with the model); the model,

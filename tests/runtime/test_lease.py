@@ -52,3 +52,36 @@ def test_a_wait_that_is_answered_returns_and_release_runs_each_callback_once_new
     assert done == ["second", "first"]
     lease.on_release(lambda: done.append("late"))  # already released: runs at once
     assert done == ["second", "first", "late"] and lease.released
+
+
+def test_the_current_lease_is_the_one_the_runtime_runs_code_as_and_a_model_uses_it(tone_dir):
+    """Model.use/submit take the lease of the request whose code runs (lease.current), so engines pass none."""
+    from mizuoto.runtime.executor import Executor
+    from mizuoto.runtime.lease import current, within
+    from mizuoto.runtime.options import LoadOptions
+    from mizuoto.testing.toy import ToneEngine
+
+    lease, other = Lease(), Lease()
+    assert current() is None
+    with within(lease):
+        assert current() is lease
+        with within(None):
+            assert current() is lease  # None leaves it as it is
+        with within(other):
+            assert current() is other
+        assert current() is lease
+    assert current() is None
+    model = ToneEngine().load(tone_dir, LoadOptions(device="cpu"))
+    model.executor = ex = Executor("t")
+    try:
+        assert ex.call(current, lease) is lease  # a compute call runs as its request
+        with within(lease):
+            assert model.submit(current) is lease
+        lease.cancel("by the test")
+        with within(lease), pytest.raises(RequestCancelled, match="by the test"):
+            model.submit(lambda: None)  # a submit without a lease takes the current one
+        with within(lease), pytest.raises(RequestCancelled, match="before its notes stage call"):
+            with model.use("notes"):
+                pass
+    finally:
+        ex.close()

@@ -266,14 +266,15 @@ class CosyVoiceModel(Model):
         return presets, cached
 
     # -- synthesis -----------------------------------------------------------------------------
-    def synthesize(self, request: SynthesisRequest, lease: Any = None) -> Iterator[AudioChunk]:
-        """Upstream's inference for the request's mode; `lease` (the runtime's) bounds every wait and stage call."""
+    def synthesize(self, request: SynthesisRequest) -> Iterator[AudioChunk]:
+        """Upstream's inference for the request's mode (the runtime bounds every wait and stage call by the request's
+        lease: `Model.use`, `room` and `submit` and the batch read it from the request's context)."""
         request = check_request(request, self, self.model_dir.name)
         self._check(request)
-        inputs = self._inputs(request, lease)  # everything that can fail on bad input, before any audio
+        inputs = self._inputs(request)  # everything that can fail on bad input, before any audio
         seed = request.seed if request.seed is not None else int(torch.randint(0, 2**31 - 1, (1,)))
         lm_gen, voc_gen = request_generators(seed, request.stream, request.mode != "vc")
-        synth = self.synthesizer(with_lm=request.mode != "vc", lease=lease)
+        synth = self.synthesizer(with_lm=request.mode != "vc")
         return self._chunks(synth, inputs, request, lm_gen, voc_gen)
 
     def _check(self, request: SynthesisRequest) -> None:

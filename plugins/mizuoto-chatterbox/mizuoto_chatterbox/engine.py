@@ -304,8 +304,10 @@ class ChatterboxModel(Model):
         marked = self.watermarker.apply_watermark(audio.numpy(), sample_rate=SAMPLE_RATE)
         return torch.as_tensor(marked, dtype=torch.float32).reshape(-1)
 
-    def synthesize(self, request: SynthesisRequest, lease: Any = None) -> Iterator[AudioChunk]:
-        """The request's audio (one chunk, or growing chunks when streaming); `lease` bounds every wait."""
+    def synthesize(self, request: SynthesisRequest) -> Iterator[AudioChunk]:
+        """The request's audio (one chunk, or growing chunks when streaming); the runtime bounds every wait by the
+        request's lease (read from the request's context where none is passed)."""
+        lease = None
         if request.text_streamed:
             raise InvalidRequest("Chatterbox takes the text as one string")
         seed = request.seed if request.seed is not None else secrets.randbits(63)

@@ -129,11 +129,11 @@ class PiperModel(Model):
             return None
         return self.config.speakers[voice]
 
-    def _run(self, ids: list[int], speaker: int | None, speed: float, seed: int, part: int, lease: Any) -> torch.Tensor:
+    def _run(self, ids: list[int], speaker: int | None, speed: float, seed: int, part: int) -> torch.Tensor:
         """One VITS run, on the voice's compute thread in its turn."""
-        return self.submit(lambda: self._vits(ids, speaker, speed, seed, part, lease), lease, "vits")
+        return self.submit(lambda: self._vits(ids, speaker, speed, seed, part), kind="vits")
 
-    def _vits(self, ids: list[int], speaker: int | None, speed: float, seed: int, part: int, lease: Any) -> torch.Tensor:
+    def _vits(self, ids: list[int], speaker: int | None, speed: float, seed: int, part: int) -> torch.Tensor:
         c = self.config
         length_scale = c.length_scale / speed
         feeds = {"input": np.asarray([ids], dtype=np.int64),
@@ -144,7 +144,7 @@ class PiperModel(Model):
         size = len(ids) * NOISE_PER_ID * max(1, math.ceil(length_scale))
         for k in range(self._noises):
             feeds[NOISE_INPUT.format(k)] = draw(seed, part, k, size)
-        with self.use("vits", lease):
+        with self.use("vits"):
             for _ in range(2):  # a second run only when some noise input was too short
                 out, *needs = self.session.run(None, feeds)
                 short = [k for k, n in enumerate(needs) if int(n) > feeds[NOISE_INPUT.format(k)].size]
@@ -154,7 +154,7 @@ class PiperModel(Model):
                     feeds[NOISE_INPUT.format(k)] = draw(seed, part, k, int(needs[k]))
         return torch.from_numpy(np.ascontiguousarray(out.reshape(-1), dtype=np.float32))
 
-    def _audio(self, request: SynthesisRequest, lease: Any) -> Iterator[torch.Tensor]:
+    def _audio(self, request: SynthesisRequest) -> Iterator[torch.Tensor]:
         """Audio per sentence (or per part of an over-long sentence); streamed text is waited for here."""
         speaker = self._speaker(request.voice)
         seed = request.seed if request.seed is not None else secrets.randbits(63)
@@ -162,25 +162,25 @@ class PiperModel(Model):
         limit = run_limit(self.config.length_scale / request.speed)
         index = 0
         for sentence in _sentences(text):
-            with self.use("phonemes", lease):
+            with self.use("phonemes"):
                 phonemes = phonemize(sentence, self.config.espeak_voice)
             for p in phonemes:
                 for part in _split_long(p, self.config, limit):
-                    yield self._run(self.config.ids(part), speaker, request.speed, seed, index, lease)
+                    yield self._run(self.config.ids(part), speaker, request.speed, seed, index)
                     index += 1
 
-    def synthesize(self, request: SynthesisRequest, lease: Any = None) -> Iterator[AudioChunk]:
-        """The request's audio, a chunk per sentence when streaming; `lease` (the runtime's) bounds each wait."""
+    def synthesize(self, request: SynthesisRequest) -> Iterator[AudioChunk]:
+        """The request's audio, a chunk per sentence when streaming (every wait bounded by the request's lease)."""
         rate = self.config.sample_rate
         if not request.stream:
-            audio = list(self._audio(request, lease))
+            audio = list(self._audio(request))
             if not audio:
                 raise InvalidRequest("text has nothing to say (no words)")
             yield AudioChunk(torch.from_numpy(np.concatenate([a.numpy() for a in audio])), rate, 0, True)
             return
         # Held back by one so the last chunk can carry final=True.
         ready, index = None, 0
-        for audio in self._audio(request, lease):
+        for audio in self._audio(request):
             if ready is not None:
                 yield AudioChunk(ready, rate, index, False)
                 index += 1
