@@ -637,19 +637,25 @@ class Runtime:
             self._admit_held(loaded, self._call_plan(loaded, base, held, stage, sizes), lease, wait=not on_loop)
             yield
         finally:
-            with self._lock:
-                if previous is None:
-                    held.pop(stage, None)
-                else:
-                    held[stage] = previous
-                if not held:
-                    self._calls.pop(lease, None)
-            plan = self._call_plan(loaded, base, held, stage, sizes)
-            loaded.scheduler.resize(lease, plan.peak)
-            try:
-                self._try_admit(loaded, plan, loaded.scheduler.together() - plan.peak, lease=lease)
-            except MizuotoError as e:  # smaller than what was just admitted: only an unload beside it gets here
-                log.warning("%s: the request's plan after its %s call: %s", loaded.name, stage, e)
+            def let_go() -> None:
+                with self._lock:
+                    if previous is None:
+                        held.pop(stage, None)
+                    else:
+                        held[stage] = previous
+                    if not held:
+                        self._calls.pop(lease, None)
+                plan = self._call_plan(loaded, base, held, stage, sizes)
+                loaded.scheduler.resize(lease, plan.peak)
+                try:
+                    self._try_admit(loaded, plan, loaded.scheduler.together() - plan.peak, lease=lease)
+                except RequestCancelled:  # its modules move at the next sync or stage call
+                    pass
+                except MizuotoError as e:  # smaller than what was just admitted: only an unload beside it gets here
+                    log.warning("%s: the request's plan after its %s call: %s", loaded.name, stage, e)
+            # the call's memory stays reserved while it runs: a request that stopped waiting for a call still
+            # on the compute loop lets go when that call has ended (on the loop's thread)
+            lease.after_work(let_go)
 
     @staticmethod
     def _bound_peak(loaded: _Loaded, plan: Plan, request: SynthesisRequest) -> int:

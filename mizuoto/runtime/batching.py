@@ -267,6 +267,7 @@ class DecodeBatcher(Executor):
                 if waiting:
                     self._strays.append(thread)
                 self.cond.notify_all()
+            self._settle_ends()
             if not waiting:  # it stops at its next input, within a pass
                 thread.join(JOIN_S)
             # A producer waiting for streamed text waits inside the caller's text source, which nothing here
@@ -307,9 +308,9 @@ class DecodeBatcher(Executor):
 
     # -- the loop ---------------------------------------------------------------------------------
     def _deliver(self, row: Row, result: Any) -> None:
-        if row.owing:  # an input's one answer ends its work
+        if row.owing:  # an input's one answer ends its work (once the condition is released: _settle_ends)
             row.owing = False
-            row.lease.end_work()
+            self._ends.append(row.lease)
         row.result, row.pending = result, None
         if row.state in (PENDING, RUNNING):
             row.state = PRODUCING
@@ -384,6 +385,7 @@ class DecodeBatcher(Executor):
                 self._answer(p.row, results[p.row.index])
             if kind == "prefill":
                 self.prefills += len(items)
+        self._settle_ends()
 
     def _step(self, items: list[_Pass]) -> dict[int, torch.Tensor]:
         first = items[0].inputs

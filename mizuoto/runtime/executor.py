@@ -49,13 +49,20 @@ class Call:
         if lease is not None:  # the request's work until it is finished (Lease.after_work, release)
             lease.begin_work()
 
-    def finish(self, result: Any, error: BaseException | None) -> None:
-        """Its outcome, once: the request's work ends first, so a waiter that wakes sees what it released."""
+    def finish(self, result: Any, error: BaseException | None, ends: list[Lease] | None = None) -> None:
+        """Its outcome, once: the request's work ends first, so a waiter that wakes sees what it released.
+
+        Under a loop's condition, give `ends` (the loop's list): the work is ended there once the
+        condition is released (`Executor._settle_ends`), since ending it may release the request.
+        """
         if self.done.is_set():
             return
         self.result, self.error = result, error
         if self.lease is not None:
-            self.lease.end_work()
+            if ends is not None:
+                ends.append(self.lease)
+            else:
+                self.lease.end_work()
         self.done.set()
 
 
@@ -77,6 +84,9 @@ class Executor:
         self._working = False  # the loop runs a unit of work now (a call, or a batch's step)
         self._seconds: collections.Counter[str] = collections.Counter()  # the loop's time by kind of work
         self._nested = 0.0  # seconds of the current unit of work already counted under a nested kind
+        # requests' work answered under the condition, ended once it is released (a request's release runs
+        # then, and may take other locks: never under this condition)
+        self._ends: list[Lease] = []
 
     # -- submitting -------------------------------------------------------------------------------
     def call(self, fn: Callable[[], Any], lease: Lease | None = None, kind: str = "call", *,
@@ -99,7 +109,8 @@ class Executor:
             with self.cond:
                 if job in self._calls:  # not started: it never runs
                     self._calls.remove(job)
-                    job.finish(None, e)
+                    job.finish(None, e, self._ends)
+            self._settle_ends()
             raise
         if job.error is not None:
             raise job.error
@@ -194,10 +205,18 @@ class Executor:
             self._fail_waiting(RequestCancelled(f"{self.name}: the model was closed"))
             self.cond.notify_all()
             thread = self._thread
+        self._settle_ends()
         if thread is not None and thread is not threading.current_thread():
             thread.join(JOIN_S)
             if thread.is_alive():
                 log.warning("%s: the %s is still running %.0f s after close", self.name, self.label, JOIN_S)
+
+    def _settle_ends(self) -> None:
+        """End the requests' work answered under the condition (call with the condition released)."""
+        with self.cond:
+            ends, self._ends = self._ends, []
+        for lease in ends:
+            lease.end_work()
 
     # -- the loop (subclasses add work kinds) -----------------------------------------------------
     def _prepare(self) -> None:
@@ -224,12 +243,12 @@ class Executor:
     def _fail_work(self, kind: str, item: Any, error: BaseException) -> None:
         """The loop failed while running `item`: answer it (under the condition)."""
         if not item.done.is_set():
-            item.finish(None, error)
+            item.finish(None, error, self._ends)
 
     def _fail_waiting(self, error: BaseException) -> None:
         """Everything submitted and not yet taken gets `error` (under the condition)."""
         while self._calls:
-            self._calls.popleft().finish(None, error)
+            self._calls.popleft().finish(None, error, self._ends)
 
     def _loop(self) -> None:
         self._prepare()
@@ -255,6 +274,7 @@ class Executor:
                     if work is not None:
                         self._fail_work(*work, error)
                     self._fail_waiting(error)
+                self._settle_ends()
             finally:
                 self._running = None
                 self._working = False

@@ -233,3 +233,45 @@ def test_requests_waiting_for_memory_keep_their_arrival_order(tone_dir, tmp_path
         assert [kind for kind, _ in order] == ["long", "short"]
         assert line.waiting == 0 and line.running == 0 and line.requests() == []
         assert [r.reason for r in line.requests(finished=True)][-2:] == ["done", "done"]
+
+
+class _SubmittingTone(ToneEngine):
+    """A tone model that runs two requests at once and submits each render to its compute thread, its room
+    reserved in the request's thread first (as a batched engine does); renders wait at the class's gate."""
+
+    entered, go = threading.Event(), threading.Event()
+
+    def load(self, model_dir, options):
+        model = super().load(model_dir, options)
+        model.batch_width = 2
+        render, gate = model._render, type(self)
+
+        def gated(*args):
+            gate.entered.set()
+            assert gate.go.wait(20), "the test never opened the gate"
+            return render(*args)
+
+        def submitted(notes, f0, speed, phase):
+            with model.room("render", notes=len(notes), samples=int(0.05 * model.rate / speed)):
+                return model.submit(lambda: gated(notes, f0, speed, phase), kind="render")
+        model._render = submitted
+        return model
+
+
+def test_a_cancelled_requests_call_reservation_stays_until_the_call_ends(tone_dir):
+    """A call's memory reserved in the request's thread (Model.room) is released when the call has ended on the
+    compute loop, not when the request's thread stops waiting for it (it was released at once)."""
+    with Runtime(engines=[_SubmittingTone], plugins=False, voices=False) as rt:
+        _SubmittingTone.entered, _SubmittingTone.go = threading.Event(), threading.Event()
+        name = rt.load(tone_dir)
+        gate = _SubmittingTone
+        lease = Lease()
+        try:
+            error, took = cancel_during(lambda: list(rt.synthesize(name, "abc", voice="low", lease=lease)), lease,
+                                        gate.entered.is_set, settle=0.0)
+            assert isinstance(error, RequestCancelled) and took < 1.0
+            assert "render" in rt._calls.get(lease, {}), "the running call's reservation was released"
+            assert rt.pins(name) == 1
+        finally:
+            gate.go.set()
+        assert _until(lambda: lease not in rt._calls and rt.pins(name) == 0 and lease.released)
