@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +25,12 @@ from mizuoto import __version__
 from mizuoto.errors import InvalidRequest, MizuotoError
 from mizuoto.server import page, schemas, speech, voices, websocket
 from mizuoto.server.audio import MEDIA_TYPES
+from mizuoto.server.bodies import parse_json, read_body
 from mizuoto.server.errors import ApiError, from_exception
-from mizuoto.server.jobs import in_fresh_thread, in_time
+from mizuoto.server.jobs import in_fresh_thread
 from mizuoto.runtime.api import ModelInfo
 from mizuoto.runtime.malloc import tune_malloc
-from mizuoto.server.schemas import Error, Omitted, checked, parse_json
+from mizuoto.server.schemas import Error, Omitted, checked
 from mizuoto.server.state import ServerConfig, ServerState
 
 log = logging.getLogger("mizuoto.server")
@@ -82,26 +82,8 @@ def _error(e: ApiError, state: ServerState) -> JSONResponse:
 
 
 async def _body(request: Request, limit: int) -> bytes:
-    """The request body, refused (413) past `limit` bytes, and (408) when it stalls past the idle timeout or
-    takes longer than the body timeout in all (a body trickled a byte at a time never stalls)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, f"request body of {declared} bytes exceeds the limit of {limit}")
-    parts, size = [], 0
-    stream = request.stream().__aiter__()
     config = _state(request).config
-    idle, end = config.idle_timeout, time.monotonic() + config.body_timeout
-    while True:
-        try:
-            part = await in_time(stream.__anext__(), idle, end, f"the request body stalled for {idle:g} s",
-                                 f"the request body took longer than {config.body_timeout:g} s")
-        except StopAsyncIteration:
-            break
-        size += len(part)
-        if size > limit:
-            raise ApiError(413, f"request body exceeds the limit of {limit} bytes")
-        parts.append(part)
-    return b"".join(parts)
+    return await read_body(request, limit, config.idle_timeout, config.body_timeout)
 
 
 async def _json_body(request: Request, model: type, limit: int) -> Any:

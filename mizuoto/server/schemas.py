@@ -29,11 +29,6 @@ from mizuoto.server.errors import ApiError
 STREAM_FORMATS = ("audio", "sse")
 SEED_LIMIT = 2**63  # seeds lie in [0, SEED_LIMIT)
 VOICE_CHARS = 128  # longest voice id a request may name
-# JSON values a body may hold: json.loads and pydantic hold the GIL (a worker thread would stall the event loop
-# just the same), so what a client sends is bounded before it is parsed. A speech request holds a few dozen
-# values; its text fields may hold a comma per character. Above 200,000 '[' the body is refused as nested
-# too deeply, as ever.
-MAX_JSON_VALUES = 1 << 18
 MAX_OPTIONS = 64  # engine request options a request may give (engines declare a handful)
 # Names a client chooses (model names, voice ids) appear in headers, metrics and logs: letters, digits and a
 # few separators only ('/' and ':' for hub ids such as org/name). Matched whole (fullmatch): re's '$' alone
@@ -162,15 +157,6 @@ def _options_schema(per_engine: dict[str, dict]) -> dict:
     return schema
 
 
-REFERENCE_FILE_BYTES = 8 << 20  # a ref_audio file sent inline: 30 s of 48 kHz stereo 16-bit WAV is 5.8 MB
-
-
-def speech_body_bytes(max_chars: int) -> int:
-    """The largest speech body a request needs: its three texts at 12 JSON bytes a character (an escaped
-    surrogate pair), a reference clip of REFERENCE_FILE_BYTES as base64, and 64 KiB for every other field."""
-    return 3 * 12 * max_chars + 4 * -(-REFERENCE_FILE_BYTES // 3) + (64 << 10)
-
-
 @functools.cache
 def speech_model(formats: tuple[str, ...], max_chars: int, need_input: bool = True,
                  default_format: str = "wav", options: str = "{}") -> type[BaseModel]:
@@ -285,22 +271,6 @@ def voice_models(max_chars: int) -> tuple[type[BaseModel], type[BaseModel]]:
         audio: Annotated[bytes | Omitted, Field(description="the same, read when file is absent")] = None
 
     return VoiceJson, VoiceForm
-
-
-def parse_json(body: bytes | str, what: str = "request body", max_values: int = MAX_JSON_VALUES) -> Any:
-    """The JSON value of a request body or message (its models say whether it must be an object), refused
-    unparsed when it may hold more than `max_values` values (`what` names it in the 400)."""
-    # every value but a container's first follows a ',', and every container opens with '[' or '{': their
-    # count bounds the values, found at memchr speed (commas inside strings count too, which only errs safe)
-    marks = (b",", b"[", b"{") if isinstance(body, bytes) else (",", "[", "{")
-    if sum(body.count(m) for m in marks) > max_values:
-        raise ApiError(400, f"{what} holds more than {max_values} JSON values")
-    try:
-        return json.loads(body)
-    except RecursionError:
-        raise ApiError(400, f"{what} is nested too deeply") from None
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ApiError(400, f"{what} is not valid JSON: {e}") from None
 
 
 def checked(model: type[BaseModel], data: Any) -> Any:

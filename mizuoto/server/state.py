@@ -20,7 +20,8 @@ from mizuoto.server.errors import ApiError
 from mizuoto.server.admission import JobSlots
 from mizuoto.server.jobs import Job
 from mizuoto.server.metrics import Metrics
-from mizuoto.server.schemas import NAME, engine_options, speech_body_bytes, speech_model
+from mizuoto.server.bodies import speech_body_bytes
+from mizuoto.server.schemas import NAME, engine_options, speech_model
 
 
 log = logging.getLogger("mizuoto.server")

@@ -13,7 +13,8 @@ from mizuoto.errors import InvalidRequest, MizuotoError
 from mizuoto.server.audio import MAX_VOICE_RATE, MAX_VOICE_SECONDS, decode_base64, decode_reference
 from mizuoto.server.errors import ApiError, from_exception
 from mizuoto.server.state import ServerState, StoredVoice
-from mizuoto.server.schemas import checked, parse_json, voice_models
+from mizuoto.server.bodies import parse_json
+from mizuoto.server.schemas import checked, voice_models
 
 
 def parse_multipart(body: bytes, content_type: str, max_parts: int = 16, max_file_bytes: int = 32 << 20,

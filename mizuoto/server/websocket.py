@@ -25,7 +25,8 @@ from mizuoto.server.errors import ApiError, from_exception
 from mizuoto.server.jobs import Cancelled, in_fresh_thread, in_time
 from mizuoto.server.speech import ClientGone, Pull, pcm16, start_job
 from mizuoto.server.state import ServerState
-from mizuoto.server.schemas import check_text, checked, parse_json
+from mizuoto.server.bodies import parse_json
+from mizuoto.server.schemas import check_text, checked
 
 _DONE = object()
 # RFC 6455 close codes by the HTTP status of the error that ended a session: 1008 (policy violation) for what the

@@ -40,7 +40,8 @@ from mizuoto.server.jobs import in_fresh_thread, in_time
 from mizuoto.runtime.malloc import tune_malloc
 from mizuoto.server.speech import ClientGone, Pull, start_job
 from mizuoto.server.state import ServerState
-from mizuoto.server.schemas import check_text, checked, parse_json
+from mizuoto.server.bodies import parse_json
+from mizuoto.server.schemas import check_text, checked
 from mizuoto.runtime.request_options import parse_settings
 from mizuoto.server.websocket import TextFeed
 

@@ -83,7 +83,7 @@ def test_a_big_json_body_is_refused_before_it_is_parsed(server, h, kind):
 def test_a_speech_body_is_limited_to_what_a_speech_request_holds(server):
     """Finding 1: the speech body's limit is its texts, options and a reference clip (about 11 MiB by default),
     not the 32 MiB of a voice upload; a body within it is read and checked as before."""
-    from mizuoto.server.schemas import speech_body_bytes
+    from mizuoto.server.bodies import speech_body_bytes
 
     limit = speech_body_bytes(ServerConfig().max_input_chars)
     assert limit < 12 << 20
