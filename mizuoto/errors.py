@@ -2,7 +2,16 @@
 
 
 class MizuotoError(Exception):
-    """Base class: a clear, one-line, user-facing error."""
+    """Base class: a clear, one-line, user-facing error; `field` names the request field it is about, as data.
+
+    Fields are a SynthesisRequest's: "text", "voice", "reference" (a Reference's audio or text),
+    "mode", "instruct", "speed", "stream", "seed", "options", "source_audio". A front end maps them
+    to its own names (the server: `server.errors.PARAMS`), never from the message's words.
+    """
+
+    def __init__(self, *args: object, field: str | None = None) -> None:
+        super().__init__(*args)
+        self.field = field
 
 
 class InvalidRequest(MizuotoError, ValueError):

@@ -31,21 +31,21 @@ SPEED_RANGE = (0.25, 4.0)
 AudioSource = Union[str, os.PathLike, tuple]  # a file path, or (samples, sample_rate)
 
 
-def _check_audio_source(what: str, source: Any) -> None:
-    """Reject an audio source that is neither an existing file nor (1-D samples, positive rate)."""
+def _check_audio_source(what: str, source: Any, field: str | None = None) -> None:
+    """Reject an audio source that is neither an existing file nor (1-D samples, positive rate); `field`: the request's."""
     if isinstance(source, (str, os.PathLike)):
         if not Path(source).is_file():
-            raise AudioError(f"{what}: audio file not found: {source}")
+            raise AudioError(f"{what}: audio file not found: {source}", field=field)
         return
     if isinstance(source, tuple) and len(source) == 2:
         samples, rate = source
         if not isinstance(rate, int) or isinstance(rate, bool) or rate <= 0:
-            raise AudioError(f"{what}: sample rate must be a positive int, got {rate!r}")
+            raise AudioError(f"{what}: sample rate must be a positive int, got {rate!r}", field=field)
         shape = tuple(getattr(samples, "shape", ()))
         if len(shape) != 1 or shape[0] == 0:
-            raise AudioError(f"{what}: samples must be a non-empty 1-D array, got shape {shape}")
+            raise AudioError(f"{what}: samples must be a non-empty 1-D array, got shape {shape}", field=field)
         return
-    raise AudioError(f"{what}: expected a file path or (samples, sample_rate), got {type(source).__name__}")
+    raise AudioError(f"{what}: expected a file path or (samples, sample_rate), got {type(source).__name__}", field=field)
 
 
 def load_audio(source: AudioSource) -> tuple[torch.Tensor, int]:
@@ -68,9 +68,9 @@ class Reference:
     text: str | None = None
 
     def __post_init__(self) -> None:
-        _check_audio_source("reference audio", self.audio)
+        _check_audio_source("reference audio", self.audio, "reference")
         if self.text is not None and (not isinstance(self.text, str) or not self.text.strip()):
-            raise InvalidRequest("reference text must be a non-empty string when given")
+            raise InvalidRequest("reference text must be a non-empty string when given", field="reference")
 
     def load(self) -> tuple[torch.Tensor, int]:
         """The reference audio as (float32 mono samples, rate)."""
@@ -152,27 +152,30 @@ class SynthesisRequest:
     def __post_init__(self) -> None:
         object.__setattr__(self, "options", check_given(self.options))
         if self.mode is not None and self.mode not in MODES:
-            raise InvalidRequest(f"unknown mode {self.mode!r}; known: {', '.join(MODES)}")
+            raise InvalidRequest(f"unknown mode {self.mode!r}; known: {', '.join(MODES)}", field="mode")
         if isinstance(self.text, str):
             if not self.text.strip():
-                raise InvalidRequest("text is empty")
+                raise InvalidRequest("text is empty", field="text")
         elif self.text is not None and (isinstance(self.text, (bytes, bytearray)) or not isinstance(self.text, Iterable)):
-            raise InvalidRequest(f"text must be a string or an iterable of strings, got {type(self.text).__name__}")
+            raise InvalidRequest(f"text must be a string or an iterable of strings, got {type(self.text).__name__}",
+                                 field="text")
         if isinstance(self.voice, str) and not self.voice:
-            raise InvalidRequest("voice id is empty")
+            raise InvalidRequest("voice id is empty", field="voice")
         if self.voice is not None and not isinstance(self.voice, (str, Reference)):
-            raise InvalidRequest(f"voice must be a voice id or a Reference, got {type(self.voice).__name__}")
+            raise InvalidRequest(f"voice must be a voice id or a Reference, got {type(self.voice).__name__}",
+                                 field="voice")
         if self.instruct is not None and (not isinstance(self.instruct, str) or not self.instruct.strip()):
-            raise InvalidRequest("instruct text is empty")
+            raise InvalidRequest("instruct text is empty", field="instruct")
         if self.source_audio is not None:
-            _check_audio_source("source audio", self.source_audio)
+            _check_audio_source("source audio", self.source_audio, "source_audio")
         if isinstance(self.speed, bool) or not isinstance(self.speed, (int, float)) or not math.isfinite(self.speed) \
                 or not SPEED_RANGE[0] <= self.speed <= SPEED_RANGE[1]:
-            raise InvalidRequest(f"speed must be a number in [{SPEED_RANGE[0]}, {SPEED_RANGE[1]}], got {self.speed!r}")
+            raise InvalidRequest(f"speed must be a number in [{SPEED_RANGE[0]}, {SPEED_RANGE[1]}], got {self.speed!r}",
+                                 field="speed")
         if not isinstance(self.stream, bool):
-            raise InvalidRequest(f"stream must be True or False, got {self.stream!r}")
+            raise InvalidRequest(f"stream must be True or False, got {self.stream!r}", field="stream")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
-            raise InvalidRequest(f"seed must be a non-negative int, got {self.seed!r}")
+            raise InvalidRequest(f"seed must be a non-negative int, got {self.seed!r}", field="seed")
         if self.mode is not None:
             _check_mode_fields(self)
 
@@ -186,24 +189,25 @@ def _check_mode_fields(r: SynthesisRequest) -> None:
     """The fields each mode needs, and those it forbids."""
     if r.mode == "vc":
         if r.source_audio is None:
-            raise InvalidRequest("mode 'vc' needs source_audio")
+            raise InvalidRequest("mode 'vc' needs source_audio", field="source_audio")
         if r.text is not None:
-            raise InvalidRequest("mode 'vc' takes no text")
+            raise InvalidRequest("mode 'vc' takes no text", field="text")
     else:
         if r.text is None:
-            raise InvalidRequest(f"mode {r.mode!r} needs text")
+            raise InvalidRequest(f"mode {r.mode!r} needs text", field="text")
         if r.source_audio is not None:
-            raise InvalidRequest(f"source_audio is only for mode 'vc', not {r.mode!r}")
+            raise InvalidRequest(f"source_audio is only for mode 'vc', not {r.mode!r}", field="source_audio")
     if r.mode == "instruct" and r.instruct is None:
-        raise InvalidRequest("mode 'instruct' needs instruct text")
+        raise InvalidRequest("mode 'instruct' needs instruct text", field="instruct")
     if r.mode != "instruct" and r.instruct is not None:
-        raise InvalidRequest(f"instruct text is only for mode 'instruct', not {r.mode!r}")
+        raise InvalidRequest(f"instruct text is only for mode 'instruct', not {r.mode!r}", field="instruct")
     if r.voice is None:
-        raise InvalidRequest(f"mode {r.mode!r} needs a voice")
+        raise InvalidRequest(f"mode {r.mode!r} needs a voice", field="voice")
     if r.mode == "preset" and not isinstance(r.voice, str):
-        raise InvalidRequest("mode 'preset' needs a preset voice id, not reference audio")
+        raise InvalidRequest("mode 'preset' needs a preset voice id, not reference audio", field="voice")
     if r.mode == "clone" and isinstance(r.voice, Reference) and r.voice.text is None:
-        raise InvalidRequest("mode 'clone' needs the reference text (use mode 'cross_lingual' without it)")
+        raise InvalidRequest("mode 'clone' needs the reference text (use mode 'cross_lingual' without it)",
+                             field="reference")
 
 
 def resolve_mode(request: SynthesisRequest, voices: Iterable[Voice]) -> SynthesisRequest:
@@ -211,7 +215,7 @@ def resolve_mode(request: SynthesisRequest, voices: Iterable[Voice]) -> Synthesi
     known = {v.id: v for v in voices}
     if isinstance(request.voice, str) and request.voice not in known:
         listed = ", ".join(sorted(known)) or "none"
-        raise InvalidRequest(f"unknown voice {request.voice!r}; this model has: {listed}")
+        raise InvalidRequest(f"unknown voice {request.voice!r}; this model has: {listed}", field="voice")
     if request.mode is not None:
         return request
     if request.source_audio is not None:
@@ -223,7 +227,8 @@ def resolve_mode(request: SynthesisRequest, voices: Iterable[Voice]) -> Synthesi
     elif isinstance(request.voice, str):
         mode = "preset" if known[request.voice].kind == "preset" else "clone"
     else:
-        raise InvalidRequest("no voice given: pass a preset voice id, a cached voice id or reference audio")
+        raise InvalidRequest("no voice given: pass a preset voice id, a cached voice id or reference audio",
+                         field="voice")
     return replace(request, mode=mode)
 
 
@@ -232,11 +237,12 @@ def check_request(request: SynthesisRequest, model: Model, name: str = "model") 
     caps = model.capabilities
     request = resolve_mode(request, model.voices())
     if request.mode not in caps.modes:
-        raise InvalidRequest(f"{name} does not support mode {request.mode!r}; it supports: {', '.join(sorted(caps.modes))}")
+        raise InvalidRequest(f"{name} does not support mode {request.mode!r}; it supports: {', '.join(sorted(caps.modes))}",
+                             field="mode")
     if request.stream and not caps.stream_out:
-        raise InvalidRequest(f"{name} cannot stream audio out")
+        raise InvalidRequest(f"{name} cannot stream audio out", field="stream")
     if request.text_streamed and not caps.stream_in:
-        raise InvalidRequest(f"{name} cannot take streamed text in; pass the text as one string")
+        raise InvalidRequest(f"{name} cannot take streamed text in; pass the text as one string", field="text")
     return replace(request, options=resolve_options(caps.options, request.options, name))
 
 

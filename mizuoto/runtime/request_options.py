@@ -62,13 +62,16 @@ class RequestOption:
             ok = isinstance(value, int) or (self.type == "float" and isinstance(value, float) and math.isfinite(value))
             ok = ok and not isinstance(value, bool)
         if not ok:
-            raise InvalidRequest(f"option {self.name!r} must be {kind}{self._range()}, got {quoted(value)}")
+            raise InvalidRequest(f"option {self.name!r} must be {kind}{self._range()}, got {quoted(value)}",
+                                 field="options")
         if self.type == "float":
             value = float(value)
         if (self.minimum is not None and value < self.minimum) or (self.maximum is not None and value > self.maximum):
-            raise InvalidRequest(f"option {self.name!r} must be {kind}{self._range()}, got {quoted(value)}")
+            raise InvalidRequest(f"option {self.name!r} must be {kind}{self._range()}, got {quoted(value)}",
+                                 field="options")
         if self.choices and value not in self.choices:
-            raise InvalidRequest(f"option {self.name!r} must be one of {', '.join(self.choices)}, got {quoted(value)}")
+            raise InvalidRequest(f"option {self.name!r} must be one of {', '.join(self.choices)}, got {quoted(value)}",
+                                 field="options")
         return value
 
     def parse(self, text: str) -> Any:
@@ -85,7 +88,8 @@ class RequestOption:
                 return self.check(float(text))
         except ValueError:
             kind = {"float": "a number", "int": "an integer", "bool": "true or false"}[self.type]
-            raise InvalidRequest(f"option {self.name!r} must be {kind}{self._range()}, got {quoted(text)}") from None
+            raise InvalidRequest(f"option {self.name!r} must be {kind}{self._range()}, got {quoted(text)}",
+                                 field="options") from None
         return self.check(text)
 
     def _range(self) -> str:
@@ -134,7 +138,8 @@ def check_given(options: Any) -> dict[str, Any]:
     if options is None:
         return {}
     if not isinstance(options, Mapping) or not all(isinstance(k, str) for k in options):
-        raise InvalidRequest(f"options must be a mapping of option names to values, got {type(options).__name__}")
+        raise InvalidRequest(f"options must be a mapping of option names to values, got {type(options).__name__}",
+                             field="options")
     return dict(options)
 
 
@@ -146,7 +151,7 @@ def resolve_options(declared: tuple[RequestOption, ...], given: Mapping[str, Any
         listed = ", ".join(sorted(known)) if known else "none"
         named = ", ".join(quoted(k) for k in heapq.nsmallest(NAMED, unknown))
         more = f" and {len(unknown) - NAMED} more" if len(unknown) > NAMED else ""
-        raise InvalidRequest(f"{name} has no option {named}{more}; its options: {listed}")
+        raise InvalidRequest(f"{name} has no option {named}{more}; its options: {listed}", field="options")
     return {o.name: o.check(given[o.name]) if o.name in given else o.default for o in declared}
 
 
@@ -159,9 +164,9 @@ def parse_settings(declared: tuple[RequestOption, ...], settings: list[str] | tu
         key, eq, value = setting.partition("=")
         key = key.strip()
         if not eq:
-            raise InvalidRequest(f"an option is given as name=value, got {setting!r}")
+            raise InvalidRequest(f"an option is given as name=value, got {setting!r}", field="options")
         if key not in known:
             listed = ", ".join(sorted(known)) if known else "none"
-            raise InvalidRequest(f"{name} has no option {quoted(key)}; its options: {listed}")
+            raise InvalidRequest(f"{name} has no option {quoted(key)}; its options: {listed}", field="options")
         out[key] = known[key].parse(value)
     return out

@@ -47,10 +47,19 @@ def is_out_of_memory(e: BaseException) -> bool:
         or "out of memory" in str(e).lower()
 
 
+# A runtime error's request field (MizuotoError.field) -> the API's name for it
+PARAMS = {"text": "input", "instruct": "instructions", "reference": "ref_audio", "source_audio": "source_audio",
+          "voice": "voice", "mode": "voice", "speed": "speed", "stream": "stream_format", "seed": "seed",
+          "options": "options"}
+
+
 def from_exception(e: BaseException, param: str | None = None) -> ApiError:
-    """Map a runtime exception to the HTTP error a client should see."""
+    """Map a runtime exception to the HTTP error a client should see; its param is `param`, else the error's own field
+    (`MizuotoError.field`, in the API's names)."""
     if isinstance(e, ApiError):
         return e
+    if param is None and isinstance(e, MizuotoError) and e.field is not None:
+        param = PARAMS.get(e.field, e.field)
     if isinstance(e, DeadlineExceeded):
         return past_deadline()
     if isinstance(e, RequestTooLarge):
@@ -66,13 +75,3 @@ def from_exception(e: BaseException, param: str | None = None) -> ApiError:
     if isinstance(e, MizuotoError):
         return ApiError(500, str(e))
     return ApiError(500, f"internal error ({type(e).__name__}); see the server log")
-
-
-def field_of(message: str) -> str | None:
-    """Best guess at the request field a runtime error message is about."""
-    lower = message.lower()
-    for key, param in (("option", "options"), ("voice", "voice"), ("instruct", "instructions"), ("speed", "speed"),
-                       ("reference", "ref_audio"), ("text", "input"), ("mode", "voice")):
-        if key in lower:
-            return param
-    return None

@@ -19,7 +19,7 @@ from mizuoto.runtime.lease import Lease
 from mizuoto.runtime.threads import in_thread
 from mizuoto.server.audio import (MEDIA_TYPES, check_finite, decode_base64, decode_reference, encode, pcm16,
                                   wav_header)
-from mizuoto.server.errors import ApiError, field_of, from_exception
+from mizuoto.server.errors import ApiError, from_exception
 from mizuoto.server.jobs import Cancelled, Job, in_fresh_thread
 from mizuoto.server.state import ServerState
 
@@ -75,7 +75,7 @@ def build_request(state: ServerState, p: Any, reference: Reference | None, strea
         return SynthesisRequest(text=p.input if text is None else text, voice=voice, instruct=p.instructions,
                                 speed=p.speed, stream=stream and caps.stream_out, seed=p.seed, options=p.options or {})
     except Exception as e:
-        raise from_exception(e, field_of(str(e))) from None
+        raise from_exception(e) from None
 
 
 def start_job(state: ServerState, p: Any, stream: bool, text: str | Iterable[str] | None = None) -> Job:
@@ -102,7 +102,7 @@ def start_job(state: ServerState, p: Any, stream: bool, text: str | Iterable[str
             except StopIteration:
                 return iter(())
         except MizuotoError as e:
-            raise from_exception(e, field_of(str(e))) from None
+            raise from_exception(e) from None
         return itertools.chain([first], chunks)
 
     loop = asyncio.get_running_loop()
@@ -160,7 +160,7 @@ class Pull:
         except Exception as e:
             self.ended = True
             self.close()
-            error = from_exception(e, field_of(str(e)))
+            error = from_exception(e)
             if error.status == 504:
                 self.state.metrics.cancel()
             if error.status >= 500:

@@ -139,7 +139,7 @@ class ToneModel(Model):
         elif v in self._cached:
             f0 = self._cached[v]
         else:
-            raise InvalidRequest(f"unknown voice {v!r}")
+            raise InvalidRequest(f"unknown voice {v!r}", field="voice")
         if request.instruct:
             words = request.instruct.lower()
             f0 *= 2.0 if "high" in words else 0.5 if "low" in words else 1.0
@@ -158,7 +158,7 @@ class ToneModel(Model):
         """(semitone, embedding) per non-space character, drawing one jitter per note."""
         for piece in self._tokens(request):
             if not isinstance(piece, str):
-                raise InvalidRequest(f"streamed text pieces must be strings, got {type(piece).__name__}")
+                raise InvalidRequest(f"streamed text pieces must be strings, got {type(piece).__name__}", field="text")
             for ch in piece:
                 if ch.isspace():
                     continue
@@ -195,7 +195,7 @@ class ToneModel(Model):
             with self.use("notes"):
                 todo = list(notes)
             if not todo:
-                raise InvalidRequest("text has nothing to say (only spaces)")
+                raise InvalidRequest("text has nothing to say (only spaces)", field="text")
             audio, _ = self._render(todo, f0, request.speed, 0.0)
             yield AudioChunk(audio, self.rate, 0, True)
             return
@@ -215,7 +215,7 @@ class ToneModel(Model):
             if item is None:
                 break
         if ready is None:
-            raise InvalidRequest("text has nothing to say (only spaces)")
+            raise InvalidRequest("text has nothing to say (only spaces)", field="text")
         yield AudioChunk(ready, self.rate, index, True)
 
     def close(self) -> None:

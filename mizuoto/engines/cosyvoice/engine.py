@@ -280,10 +280,11 @@ class CosyVoiceModel(Model):
     def _check(self, request: SynthesisRequest) -> None:
         """CosyVoice's own request rules (the contract's are checked by `check_request`)."""
         if request.stream and request.speed != 1.0:
-            raise InvalidRequest("speed can only be changed without streaming (as upstream)")
+            raise InvalidRequest("speed can only be changed without streaming (as upstream)", field="speed")
         if request.text_streamed and (self.variant.version < 2 or request.mode not in ("clone", "instruct")):
             raise InvalidRequest("streaming text in needs CosyVoice 2/3 and a reference text (mode clone, "
-                                 f"or instruct); got mode {request.mode!r} on CosyVoice {self.variant.version}")
+                                 f"or instruct); got mode {request.mode!r} on CosyVoice {self.variant.version}",
+                                 field="text")
 
     def synthesizer(self, with_lm: bool = True, batched: bool = True, lease: Any = None,
                     **lm_options: Any) -> Synthesizer:
@@ -343,7 +344,7 @@ class CosyVoiceModel(Model):
                 return self.presets[voice]
             if voice in self.cached:
                 return self.cached[voice]
-        raise InvalidRequest(f"unknown voice {voice!r} for {self.model_dir.name}")
+        raise InvalidRequest(f"unknown voice {voice!r} for {self.model_dir.name}", field="voice")
 
     def _inputs(self, request: SynthesisRequest, lease: Any = None) -> list[dict]:
         """Model inputs, one per text segment; the voice and text are checked before returning."""
@@ -352,21 +353,21 @@ class CosyVoiceModel(Model):
             # upstream's frontend_vc keeps the whole reference (no 2:1 mel/token cut)
             prompt = self._voice(request, need_text=False, aligned=False, lease=lease)
             if "flow_prompt_speech_token" not in prompt:
-                raise InvalidRequest("voice conversion needs a reference voice, not a preset speaker")
+                raise InvalidRequest("voice conversion needs a reference voice, not a preset speaker", field="voice")
             source = self._frontend(lambda: self.frontend.speech_tokens(request.source_audio), lease)
             keep = ("flow_prompt_speech_token", "prompt_speech_feat", "flow_embedding")
             return [{**{k: prompt[k] for k in keep}, "source_speech_token": source}]
         is_preset = isinstance(request.voice, str) and request.voice in self.presets
         if mode in ("preset", "instruct") and self.variant.instruct_mode == "instruct" and not is_preset:
             raise InvalidRequest(f"CosyVoice 1 {mode} mode needs a preset voice (one of: "
-                                 f"{', '.join(self.presets) or 'none'})")
+                                 f"{', '.join(self.presets) or 'none'})", field="voice")
         if mode == "preset" and not is_preset:
-            raise InvalidRequest(f"{request.voice!r} is not a preset voice of this model")
+            raise InvalidRequest(f"{request.voice!r} is not a preset voice of this model", field="voice")
         prompt = self._voice(request, need_text=mode == "clone", lease=lease)
         if mode in ("clone", "cross_lingual", "instruct") and self.variant.instruct_mode == "instruct2" \
                 and "flow_prompt_speech_token" not in prompt:
             raise InvalidRequest(f"mode {mode!r} on CosyVoice {self.variant.version} needs a reference "
-                                 "or cached voice, not a preset speaker")
+                                 "or cached voice, not a preset speaker", field="voice")
         if request.text_streamed:
             text = self.frontend.streamed_tokens(iter(request.text))
             return [self.frontend.model_input(mode, text, prompt, request.instruct)]

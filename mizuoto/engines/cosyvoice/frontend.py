@@ -150,7 +150,7 @@ class CosyVoiceFrontend:
         """Upstream's normalized sentence segments of `text`; an error when nothing speakable is left."""
         segments = self.text_frontend.text_normalize(text, split=True)
         if not segments:
-            raise InvalidRequest(f"text has nothing to speak after normalization: {text[:60]!r}")
+            raise InvalidRequest(f"text has nothing to speak after normalization: {text[:60]!r}", field="text")
         return segments
 
     def normalize(self, text: str) -> str:
@@ -165,7 +165,7 @@ class CosyVoiceFrontend:
         """Token ids of streamed text, one [1, 1] tensor at a time, as upstream's bistream input."""
         for piece in pieces:
             if not isinstance(piece, str):
-                raise InvalidRequest(f"streamed text pieces must be strings, got {type(piece).__name__}")
+                raise InvalidRequest(f"streamed text pieces must be strings, got {type(piece).__name__}", field="text")
             for token in self.tokenizer.encode(piece):
                 yield torch.tensor([[token]], dtype=torch.int32)
 
@@ -201,7 +201,8 @@ class CosyVoiceFrontend:
         speech = self._load(audio, SPEECH_TOKEN_RATE)
         seconds = speech.shape[1] / SPEECH_TOKEN_RATE
         if seconds > MAX_PROMPT_SECONDS:
-            raise AudioError(f"reference audio is {seconds:.1f} s; at most {MAX_PROMPT_SECONDS} s is supported")
+            raise AudioError(f"reference audio is {seconds:.1f} s; at most {MAX_PROMPT_SECONDS} s is supported",
+                             field="reference")
         mel = whisper_log_mel(speech, n_mels=WHISPER_MELS)
         tokenizer = self.speech_tokenizer
         with torch.inference_mode():
@@ -287,7 +288,7 @@ class CosyVoiceFrontend:
             return {"text": text, "llm_embedding": prompt["embedding"], "flow_embedding": prompt["embedding"]}
         if mode == "clone":
             if "prompt_text" not in prompt:
-                raise InvalidRequest("this voice has no reference text: use mode 'cross_lingual'")
+                raise InvalidRequest("this voice has no reference text: use mode 'cross_lingual'", field="reference")
             return {**prompt, "text": text}
         if mode == "cross_lingual":
             return {k: v for k, v in prompt.items() if k not in ("prompt_text", "llm_prompt_speech_token")} \

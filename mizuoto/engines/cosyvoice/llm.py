@@ -112,7 +112,8 @@ class QwenSpeechLM(nn.Module):
         device = self.speech_embedding.weight.device
         text = torch.concat([prompt_text, text], dim=1).to(device)
         if self.variant == "CosyVoice3LM" and not bool((text == ENDOFPROMPT_ID).any()):
-            raise InvalidRequest("CosyVoice 3 needs <|endofprompt|> (token 151646) in the text or prompt text")
+            raise InvalidRequest("CosyVoice 3 needs <|endofprompt|> (token 151646) in the text or prompt text",
+                                 field="text")
         text_emb = self.llm.embed_tokens(text)
         if prompt_speech_token.shape[1] != 0:
             speech_emb = self.speech_embedding(prompt_speech_token.to(device))
@@ -201,7 +202,7 @@ class QwenSpeechLM(nn.Module):
         """
         prompt_text = _row(prompt_text, "prompt_text")
         if prompt_text.shape[1] == 0:
-            raise InvalidRequest("streaming text in needs the reference text (prompt text)")
+            raise InvalidRequest("streaming text in needs the reference text (prompt text)", field="reference")
         prompt_speech_token = _row(prompt_speech_token, "prompt_speech_token")
         n_text, n_speech = self.mix_ratio
         embed, device = self.llm.embed_tokens, self.speech_embedding.weight.device
@@ -210,7 +211,8 @@ class QwenSpeechLM(nn.Module):
         if self.variant == "CosyVoice3LM":
             ids = prompt_text.flatten().tolist()
             if ENDOFPROMPT_ID not in ids:
-                raise InvalidRequest("CosyVoice 3 needs <|endofprompt|> (token 151646) in the prompt text")
+                raise InvalidRequest("CosyVoice 3 needs <|endofprompt|> (token 151646) in the prompt text",
+                                     field="reference")
             eop = ids.index(ENDOFPROMPT_ID)
 
         def prelude() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

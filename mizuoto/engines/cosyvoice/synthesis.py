@@ -131,7 +131,7 @@ class Synthesizer:
     def lm_tokens(self, inputs: dict[str, Any], generator: torch.Generator) -> Iterator[int]:
         """The LM's raw speech tokens for one model input, one `use("llm")` per token."""
         if self.lm is None:
-            raise InvalidRequest("this model has no LM stage; only voice conversion is possible")
+            raise InvalidRequest("this model has no LM stage; only voice conversion is possible", field="mode")
         text, prompt_text, prompt_speech = inputs["text"], inputs["prompt_text"], inputs["llm_prompt_speech_token"]
 
         def tokens_of(**steps: Any) -> Iterator[int]:

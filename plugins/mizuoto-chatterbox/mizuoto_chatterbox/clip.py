@@ -41,7 +41,7 @@ def load_clip(source: ClipSource, turbo: bool, norm_loudness: bool = True) -> tu
     if turbo:
         if not len(wav) / GEN_RATE > TURBO_MIN_SECONDS:
             raise AudioError(f"Chatterbox-Turbo needs a reference clip longer than {TURBO_MIN_SECONDS:g} s, "
-                             f"got {len(wav) / GEN_RATE:.2f} s")
+                             f"got {len(wav) / GEN_RATE:.2f} s", field="reference")
         if norm_loudness:
             wav = normalize_loudness(wav, GEN_RATE, TURBO_LUFS)
     wav_16k = soxr_resample(wav, GEN_RATE, TOKEN_RATE)
@@ -55,6 +55,6 @@ def ve_mel(wav_16k: torch.Tensor) -> torch.Tensor:
     start, end = trim_silence(wav, top_db=VE_TRIM_DB)
     if end - start <= VE_N_FFT // 2:
         raise AudioError(f"the reference clip has too little sound for the voice encoder ({end - start} samples "
-                         "above the silence threshold)")
+                         "above the silence threshold)", field="reference")
     mel = stft_mel(wav[start:end], TOKEN_RATE, VE_N_FFT, VE_HOP, VE_MELS, 0.0, VE_FMAX)
     return torch.from_numpy(np.ascontiguousarray(mel.T))

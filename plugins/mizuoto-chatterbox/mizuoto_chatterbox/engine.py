@@ -157,7 +157,7 @@ class ChatterboxModel(Model):
         with self._voices_lock:
             found = self.presets.get(voice) or self.cached.get(voice)
         if found is None:
-            raise InvalidRequest(f"unknown voice {voice!r}")
+            raise InvalidRequest(f"unknown voice {voice!r}", field="voice")
         return found
 
     def submit(self, fn: Any, lease: Any = None, kind: str = "call", *, urgent: bool = False) -> Any:
@@ -214,7 +214,7 @@ class ChatterboxModel(Model):
                                           "cfg_weight") if k in options}
         if not self.turbo and fields["cfg_weight"] <= 0:
             raise InvalidRequest("the English Chatterbox samples with classifier-free guidance: cfg_weight "
-                                 "must be > 0 (upstream fails at 0 too)")
+                                 "must be > 0 (upstream fails at 0 too)", field="options")
         return T3Options(**fields)
 
     def _draws(self, request: SynthesisRequest, voice: Conditioning, generator: torch.Generator,
@@ -253,14 +253,14 @@ class ChatterboxModel(Model):
         t3 = self.t3
         if t3.text_pos_emb is not None and text_ids > t3.text_pos_emb.num_embeddings:
             raise InvalidRequest(f"the text is too long for this model: {text_ids} text ids, at most "
-                                 f"{t3.text_pos_emb.num_embeddings}; split it into several requests")
+                                 f"{t3.text_pos_emb.num_embeddings}; split it into several requests", field="text")
         # Turbo: upstream fails only once its positions run out, so a prompt that fits runs (a decode that
         # reaches the table's end fails there, in T3.generate_turbo)
         positions = t3.tfmr.config.max_positions
         if positions and cond + text_ids + 1 > positions:
             raise InvalidRequest(f"the text is too long for this model: {text_ids} text ids with the voice's "
                                  f"{cond} conditioning positions exceed its {positions} positions; split it into "
-                                 "several requests")
+                                 "several requests", field="text")
 
     def speech_tokens(self, request: SynthesisRequest, voice: Conditioning, generator: torch.Generator,
                       lease: Any = None) -> list[int]:
@@ -283,7 +283,7 @@ class ChatterboxModel(Model):
     def _to_audio(self, tokens: list[int], voice: Conditioning, generator: torch.Generator, speed: float,
                   lease: Any) -> torch.Tensor:
         if not tokens:
-            raise InvalidRequest("the model spoke no speech tokens for this text")
+            raise InvalidRequest("the model spoke no speech tokens for this text", field="text")
         frames = 2 * (voice.gen_prompt_token.shape[-1] + len(tokens))
 
         def run() -> torch.Tensor:
@@ -309,7 +309,7 @@ class ChatterboxModel(Model):
         request's lease (read from the request's context where none is passed)."""
         lease = None
         if request.text_streamed:
-            raise InvalidRequest("Chatterbox takes the text as one string")
+            raise InvalidRequest("Chatterbox takes the text as one string", field="text")
         seed = request.seed if request.seed is not None else secrets.randbits(63)
         generator = torch.Generator().manual_seed(seed)
         voice = self._conditioning(request.voice, lease, request.options)

@@ -107,5 +107,5 @@ def stream_audio(model: Any, request: SynthesisRequest, voice: Any, generator: t
             hop = min(MAX_HOP, hop * GROWTH)
             yield emit(audio, False)  # the last chunk, with final=True, always follows
     if not tokens and not model.turbo:  # as the whole request: Turbo still speaks its silence tail
-        raise InvalidRequest("the model spoke no speech tokens for this text")
+        raise InvalidRequest("the model spoke no speech tokens for this text", field="text")
     yield emit(chunk(final=True), True)

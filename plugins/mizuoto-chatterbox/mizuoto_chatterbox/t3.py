@@ -238,7 +238,8 @@ class T3(nn.Module):
         positions = self.tfmr.config.max_positions
         if prompt.shape[1] > positions:
             raise InvalidRequest(f"the text is too long for this model: {text.numel()} text ids with "
-                                 f"{cond.shape[1]} conditioning positions exceed its {positions} positions")
+                                 f"{cond.shape[1]} conditioning positions exceed its {positions} positions",
+                                 field="text")
         steps = min(max_new_tokens + 1, positions - prompt.shape[1])
         forward = self._forward(rows, lambda h: self.speech_head(h[:, -1:])[:, -1, :], steps)
         logits = forward(prompt)

@@ -83,7 +83,7 @@ def _sentences(pieces: Iterable[str]) -> Iterator[str]:
     buffer = ""
     for piece in pieces:
         if not isinstance(piece, str):
-            raise InvalidRequest(f"streamed text pieces must be strings, got {type(piece).__name__}")
+            raise InvalidRequest(f"streamed text pieces must be strings, got {type(piece).__name__}", field="text")
         buffer += piece
         parts = _SENTENCE.split(buffer)
         for done in parts[:-1]:
@@ -175,7 +175,7 @@ class PiperModel(Model):
         if not request.stream:
             audio = list(self._audio(request))
             if not audio:
-                raise InvalidRequest("text has nothing to say (no words)")
+                raise InvalidRequest("text has nothing to say (no words)", field="text")
             yield AudioChunk(torch.from_numpy(np.concatenate([a.numpy() for a in audio])), rate, 0, True)
             return
         # Held back by one so the last chunk can carry final=True.
@@ -186,7 +186,7 @@ class PiperModel(Model):
                 index += 1
             ready = audio
         if ready is None:
-            raise InvalidRequest("text has nothing to say (no words)")
+            raise InvalidRequest("text has nothing to say (no words)", field="text")
         yield AudioChunk(ready, rate, index, True)
 
     def close(self) -> None:
