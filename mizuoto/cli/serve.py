@@ -7,6 +7,7 @@ uvicorn are imported when the server starts, with a clear error when the `server
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
@@ -15,7 +16,12 @@ from pathlib import Path
 
 from mizuoto.runtime.options import add_load_arguments, options_from_args
 
+log = logging.getLogger("mizuoto.serve")
 HELP = "run the HTTP server (OpenAI-style /v1/audio/speech; needs mizuoto[server])"
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's ("trace": debug and more)
+NO_MODEL = ("no model to serve: give one with -m [NAME=]DIR (a model directory, a plugin's model id such as"
+            " en_US-joe-medium, or a Hugging Face repo id); to start without one and load models later through"
+            " POST /v1/models/load, give --model-root DIR and --admin-key KEY")
 
 
 def _env(name: str, default: object = None) -> object:
@@ -50,7 +56,8 @@ def add_shared_arguments(p: argparse.ArgumentParser) -> None:
     _flag(p, "--request-timeout", float, 300, "seconds a request may run before it is cancelled (0: none)")
     _flag(p, "--max-input-chars", int, 4096, "longest input text")
     _flag(p, "--shutdown-timeout", float, 10, "seconds in-flight requests get to finish on shutdown")
-    _flag(p, "--log-level", None, "info", "log level")
+    _flag(p, "--log-level", None, "info", "log level of the lines on stderr: info says each model as it loads and"
+          " where the server listens")
 
 
 def shared_config(args: argparse.Namespace) -> dict:
@@ -83,6 +90,20 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     _flag(p, "--idle-timeout", float, 30, "seconds a request body or WebSocket session may stay silent")
     _flag(p, "--body-timeout", float, 60, "seconds a whole request body may take to arrive")
     _flag(p, "--drain-seconds", float, 2, "on SIGTERM, seconds /ready answers 503 before the listener closes")
+    p.add_argument("--access-log", action=argparse.BooleanOptionalAction,
+                   default=str(_env("ACCESS_LOG", "1")).lower() not in ("0", "false", "no", "off"),
+                   help="a line per request on stdout (uvicorn's access log, at level info; default on)"
+                        " [MIZUOTO_ACCESS_LOG]")
+    _flag(p, "--default-format", None, None, "response_format of a speech request that gives none (default: mp3,"
+          " OpenAI's, or wav where mp3 has no encoder; a stream without one is wav)")
+    aliases = str(_env("ALIASES", "")).split()
+    p.add_argument("--alias", action="append", default=aliases, metavar="ALIAS=MODEL",
+                   help="another name for a served model, e.g. tts-1=cosy (repeatable) [MIZUOTO_ALIASES,"
+                        " space-separated]")
+    voice_aliases = str(_env("VOICE_ALIASES", "")).split()
+    p.add_argument("--voice-alias", action="append", default=voice_aliases, metavar="ALIAS=[MODEL/]VOICE",
+                   help="another name for a voice: of one model (alloy=piper/joe) or of every model that has it"
+                        " (alloy=joe) (repeatable) [MIZUOTO_VOICE_ALIASES, space-separated]")
 
 
 def add_serve_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -118,7 +139,7 @@ def _models(specs: list[str]) -> dict[str, Path]:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    """Serve until SIGINT/SIGTERM, then shut down gracefully."""
+    """Load the models (a line for each), serve until SIGINT/SIGTERM, then shut down gracefully."""
     from mizuoto.errors import InvalidRequest, MizuotoError
 
     try:
@@ -126,30 +147,92 @@ def run_serve(args: argparse.Namespace) -> int:
         import starlette  # noqa: F401
     except ImportError:
         raise MizuotoError("mizuoto serve needs the server extra: pip install 'mizuoto-runtime[server]'") from None
+    from mizuoto.cli.main import configure_logging
     from mizuoto.runtime.api import Runtime
     from mizuoto.server.app import create_app
-    from mizuoto.server.launch import Server, config
+    from mizuoto.server.launch import config
     from mizuoto.server.state import ServerConfig
 
     shared = shared_config(args)
+    level = str(args.log_level).lower()
+    if level not in LOG_LEVELS:
+        raise InvalidRequest(f"--log-level {args.log_level!r}: use one of {', '.join(LOG_LEVELS)}")
     for flag in ("header_timeout", "idle_timeout", "body_timeout"):
         if getattr(args, flag) <= 0:
             raise InvalidRequest(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
-    server_config = ServerConfig(**shared, model_roots=tuple(Path(r) for r in args.model_root),
-                                 api_key=args.api_key or None, admin_key=args.admin_key or None,
-                                 header_timeout=args.header_timeout, idle_timeout=args.idle_timeout,
-                                 body_timeout=args.body_timeout,
-                                 drain_seconds=max(0.0, args.drain_seconds))
-    runtime = Runtime(vram=args.vram, ram=args.ram)
-    app = create_app(runtime, server_config, _models(args.model))
+    models = _models(args.model)
+    if not models and not (args.model_root and args.admin_key):
+        raise InvalidRequest(NO_MODEL)
+    restore = configure_logging("debug" if level == "trace" else level)
+    try:
+        server_config = ServerConfig(**shared, model_roots=tuple(Path(r) for r in args.model_root),
+                                     api_key=args.api_key or None, admin_key=args.admin_key or None,
+                                     header_timeout=args.header_timeout, idle_timeout=args.idle_timeout,
+                                     body_timeout=args.body_timeout, drain_seconds=max(0.0, args.drain_seconds),
+                                     default_format=_default_format(args.default_format),
+                                     model_aliases=tuple(args.alias), voice_aliases=tuple(args.voice_alias))
+        runtime = Runtime(vram=args.vram, ram=args.ram)
+        app = create_app(runtime, server_config, models)
+        state = app.state.mizuoto
+        server = _server(config(app, args.host, args.port, args.shutdown_timeout, level, access_log=args.access_log),
+                         state, f"http://{args.host}:{args.port}")
+        _preload(state)
+        if threading.current_thread() is threading.main_thread():
+            # uvicorn re-raises the signal it stopped on once it is done; after a graceful stop that
+            # signal should end the process normally (exit 0), not kill it.
+            signal.signal(signal.SIGTERM, lambda *_: None)
+        server.run()
+        return 0 if server.started else 1
+    finally:
+        restore()
 
-    server = Server(config(app, args.host, args.port, args.shutdown_timeout, args.log_level), app.state.mizuoto)
-    if threading.current_thread() is threading.main_thread():
-        # uvicorn re-raises the signal it stopped on once it is done; after a graceful stop that
-        # signal should end the process normally (exit 0), not kill it.
-        signal.signal(signal.SIGTERM, lambda *_: None)
-    server.run()
-    return 0 if server.started else 1
+
+def _default_format(given: str | None) -> str:
+    """--default-format checked against this machine's encoders; absent: mp3 (OpenAI's), else wav, said in a line."""
+    from mizuoto.errors import InvalidRequest
+    from mizuoto.server.audio import ENCODER_HINTS, available_formats
+
+    formats = available_formats()
+    if given is not None:
+        if given not in formats:
+            need = f" (it needs {ENCODER_HINTS[given]})" if given in ENCODER_HINTS else ""
+            raise InvalidRequest(f"--default-format {given!r} cannot be written here{need}; available: "
+                                 f"{', '.join(formats)}")
+        return given
+    if "mp3" in formats:
+        return "mp3"
+    log.warning("this libsndfile has no mp3 encoder (%s): requests without response_format get wav, not OpenAI's"
+                " mp3", ENCODER_HINTS["mp3"])
+    return "wav"
+
+
+def _preload(state) -> None:
+    """Load the served models before the listener opens, in a thread that ends with the loads (its OpenMP team
+    with it); a model that cannot load ends the command with its error, the runtime closed."""
+    from mizuoto.runtime.threads import in_thread
+    from mizuoto.server.listing import preload
+
+    if not state.catalogue:
+        log.warning("serving no model: /ready answers 503 until one is loaded through POST /v1/models/load")
+    try:
+        in_thread(lambda: preload(state), name="mizuoto-load")
+    except BaseException:
+        state.runtime.close()
+        raise
+
+
+def _server(cfg, state, url: str):
+    """The uvicorn server of `mizuoto serve`: it says where it listens, and what it serves, once it accepts."""
+    from mizuoto.server.launch import Server
+
+    class Serving(Server):
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets)
+            if self.started:
+                aliases = "".join(f"; alias {a} -> {t}" for a, t in sorted(state.aliases.models.items()))
+                log.info("ready on %s (models: %s%s); the web page is at %s/", url,
+                         ", ".join(state.loaded()) or "none", aliases, url)
+    return Serving(cfg, state)
 
 
 def main(argv: list[str] | None = None) -> int:

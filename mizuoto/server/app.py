@@ -22,13 +22,13 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.staticfiles import StaticFiles
 
 from mizuoto import __version__
-from mizuoto.errors import InvalidRequest, MizuotoError
-from mizuoto.server import page, schemas, speech, voices, websocket
+from mizuoto.errors import MizuotoError
+from mizuoto.server import listing, page, schemas, speech, voices, websocket
 from mizuoto.server.audio import MEDIA_TYPES
 from mizuoto.server.bodies import parse_json, read_body
 from mizuoto.server.errors import ApiError, from_exception
 from mizuoto.server.jobs import in_fresh_thread
-from mizuoto.runtime.api import ModelInfo
+from mizuoto.server.listing import model_entry as _model_entry, model_list
 from mizuoto.runtime.malloc import tune_malloc
 from mizuoto.server.schemas import Error, Omitted, checked
 from mizuoto.server.state import ServerConfig, ServerState
@@ -103,7 +103,7 @@ def _authorize(admin: bool):
 # ---- handlers ------------------------------------------------------------------------------------
 async def _speech(request: Request) -> Response:
     state = _state(request)
-    p = await _json_body(request, state.speech, state.speech_body_bytes)
+    p = state.aliases.apply(await _json_body(request, state.speech, state.speech_body_bytes))
     request.state.model = p.model
     state.check_model(p.model)
     job = speech.start_job(state, p, stream=p.stream_format is not None)
@@ -125,40 +125,6 @@ async def _speech(request: Request) -> Response:
                              headers=speech.headers(p, first.sample_rate))
 
 
-def _model_entry(state: ServerState, name: str, admin: bool = True, info: ModelInfo | None = None) -> dict:
-    """A model as GET /v1/models lists it; `info` from one listing of the loaded models (else looked up now).
-
-    A model evicted or unloaded after that listing is shown as not loaded (never an error).
-    """
-    if info is None:
-        info = next((i for i in state.runtime.models() if i.name == name), None)
-    voices = None
-    if info is not None:
-        try:
-            voices = [v.id for v in state.runtime.voices(name)]
-        except InvalidRequest:  # unloaded meanwhile
-            info = None
-    entry = {"id": name, "object": "model", "created": 0, "loaded": info is not None}
-    if admin:  # where a model lies on the server is the administrator's business only
-        entry["path"] = str(state.catalogue.get(name, ""))
-    if info is not None:
-        caps = info.capabilities
-        entry.update(owned_by=info.engine, engine=info.engine, variant=info.variant, device=info.device,
-                     state=info.state, strategy=info.strategy, sample_rate=caps.sample_rate, modes=sorted(caps.modes),
-                     stream_out=caps.stream_out, stream_in=caps.stream_in, languages=list(caps.languages),
-                     voices=voices, options=[{"name": o.name, **o.schema()} for o in caps.options])
-    else:
-        entry["owned_by"] = "mizuoto"
-    return entry
-
-
-def model_list(state: ServerState, admin: bool) -> dict:
-    """GET /v1/models' body: the loaded models, as one listing saw them, then the catalogue's others."""
-    infos = {i.name: i for i in state.runtime.models()}
-    names = list(dict.fromkeys([*infos, *state.catalogue]))
-    return {"object": "list", "data": [_model_entry(state, n, admin, infos.get(n)) for n in names]}
-
-
 async def _models(request: Request) -> Response:
     state = _state(request)
     return JSONResponse(model_list(state, state.is_admin(request.headers.get("authorization"))))
@@ -167,7 +133,9 @@ async def _models(request: Request) -> Response:
 async def _load(request: Request) -> Response:
     state = _state(request)
     body = await _json_body(request, schemas.LoadRequest, ADMIN_BODY_BYTES)
-    name = request.state.model = body.model
+    name = request.state.model = state.aliases.model(body.model) if body.path is None else body.model
+    if name in state.aliases.models:
+        raise ApiError(409, f"{name!r} is a model alias (--alias); load the model under another name", "model")
     if body.path is None:
         state.check_model(name)
         path = state.catalogue[name] if name in state.catalogue else None
@@ -184,14 +152,16 @@ async def _load(request: Request) -> Response:
 
 async def _unload(request: Request) -> Response:
     state = _state(request)
-    name = request.state.model = (await _json_body(request, schemas.UnloadRequest, ADMIN_BODY_BYTES)).model
+    body = await _json_body(request, schemas.UnloadRequest, ADMIN_BODY_BYTES)
+    name = request.state.model = _state(request).aliases.model(body.model)
     await in_fresh_thread(state.unload, name)  # a model running a request: ModelBusy, a 409
     return JSONResponse({"id": name, "object": "model", "loaded": False})
 
 
 async def _voices(request: Request, model: str | Omitted = Query(None, description=(
         "a served model's name: only uploaded voices and this model's"))) -> Response:
-    return JSONResponse({"object": "list", "data": voices.listing(_state(request), model)})
+    state = _state(request)
+    return JSONResponse({"object": "list", "data": voices.listing(state, state.aliases.model(model))})
 
 
 async def _voice_create(request: Request) -> Response:
@@ -210,7 +180,8 @@ async def _voice_create(request: Request) -> Response:
 
 async def _voice_delete(request: Request, voice_id: str, model: str | Omitted = Query(None, description=(
         "a served model's name: delete the voice from this (loaded) model only"))) -> Response:
-    return JSONResponse(await asyncio.to_thread(voices.delete, _state(request), voice_id, model))
+    state = _state(request)
+    return JSONResponse(await asyncio.to_thread(voices.delete, state, voice_id, state.aliases.model(model)))
 
 
 async def _health() -> Response:
@@ -302,7 +273,12 @@ async def _client_gone(request: Request, exc: ClientDisconnect) -> Response:
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
     """Starlette's own errors (unknown route 404, wrong method 405) as JSON like every other error."""
-    return _error(ApiError(exc.status_code, str(exc.detail), headers=dict(exc.headers or {})), _state(request))
+    message = str(exc.detail)
+    if exc.status_code == 404 and request.url.path.rstrip("/") in ("/docs", "/redoc"):
+        # FastAPI's /docs and /redoc load their scripts from a CDN: this server serves neither
+        message = ("this server has no /docs page (Swagger UI loads its scripts from a CDN); its API is described "
+                   "at /openapi.json, which any OpenAPI viewer opens")
+    return _error(ApiError(exc.status_code, message, headers=dict(exc.headers or {})), _state(request))
 
 
 async def _invalid(request: Request, exc: RequestValidationError) -> Response:
@@ -409,10 +385,8 @@ def create_app(runtime: Any, config: ServerConfig | None = None, models: dict[st
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         tune_malloc(state.config.mmap_threshold, state.config.malloc_arenas)
-        if preload:
-            for name in list(state.catalogue):
-                if name not in state.loaded():
-                    await in_fresh_thread(state.ensure_loaded, name)
+        if preload:  # `mizuoto serve` loaded them before it started (listing.preload): nothing is left to load
+            await in_fresh_thread(listing.preload, state)
         yield
         # Shutdown: uvicorn has let in-flight responses finish (up to its graceful timeout);
         # whatever still runs is cancelled and joined, then the models are released.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import logging
 
 import numpy as np
 import torch
@@ -15,6 +16,9 @@ from mizuoto.nn.dsp.encode import (ENCODER_HINTS, MEDIA_TYPES, OPUS_RATES, SOUND
 from mizuoto.nn.dsp.encode import encode as _encode
 from mizuoto.nn.dsp.wav import to_pcm16 as pcm16  # one PCM16 rounding; speech/websocket import pcm16
 from mizuoto.server.errors import ApiError
+from mizuoto.server.native_stderr import routed_stderr
+
+log = logging.getLogger("mizuoto.server")
 
 # the encoders are shared with `mizuoto say -o FILE` (nn/dsp/encode.py); the names stay importable from here
 STREAMABLE = ("wav", "pcm")
@@ -74,7 +78,8 @@ def decode_reference(data: bytes, param: str, max_seconds: float = REFERENCE_SEC
     if not data:
         raise ApiError(400, f"{param} is empty", param)
     try:
-        info = soundfile.info(io.BytesIO(data))
+        with routed_stderr(log, f"libmpg123 reading {param}"):  # its notes on an mp3 go to the log, not stderr
+            info = soundfile.info(io.BytesIO(data))
     except Exception:  # soundfile raises several types for non-audio bytes
         raise ApiError(400, f"{param} is not a readable audio file (wav, flac, ogg or mp3 expected)", param) from None
     rate, channels = int(info.samplerate), int(info.channels)
@@ -88,7 +93,8 @@ def decode_reference(data: bytes, param: str, max_seconds: float = REFERENCE_SEC
     if info.frames > limit:
         raise ApiError(400, f"{param} lasts {info.frames / rate:.2f} s; between {lo:g} and {hi:g} s is needed", param)
     # frames bound the decode even where the header's length is unknown or wrong (mp3, ogg)
-    audio, finite, peak = _decode_mono(data, limit + 1, param)
+    with routed_stderr(log, f"libmpg123 decoding {param}"):
+        audio, finite, peak = _decode_mono(data, limit + 1, param)
     seconds = audio.numel() / rate
     if not lo <= seconds <= hi:
         raise ApiError(400, f"{param} lasts {seconds:.2f} s; between {lo:g} and {hi:g} s is needed", param)

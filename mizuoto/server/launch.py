@@ -20,10 +20,11 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def config(app: Any, host: str, port: int, shutdown_timeout: float = 10.0, log_level: str = "warning",
-           header_timeout: float | None = None) -> uvicorn.Config:
+           header_timeout: float | None = None, access_log: bool = False) -> uvicorn.Config:
     """uvicorn settings: graceful shutdown waits `shutdown_timeout` s for in-flight requests, then cancels them.
 
     `header_timeout` (default: the app's ServerConfig) closes connections that are slow to send a request.
+    `access_log`: uvicorn's line per request (on stdout, at level info), which `mizuoto serve` turns on.
     A WebSocket message is at most what a speech body may hold, uncompressed: permessage-deflate would let a
     few KiB inflate to the whole limit, parsed on the event loop.
     """
@@ -33,7 +34,7 @@ def config(app: Any, host: str, port: int, shutdown_timeout: float = 10.0, log_l
     protocol = type("BoundedHttpTools", (BoundedHttpTools,), {"header_timeout": header_timeout})
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=shutdown_timeout,
                           ws=BoundedWebSocket, ws_max_size=state.speech_body_bytes, ws_per_message_deflate=False,
-                          lifespan="on", access_log=False, http=protocol)
+                          lifespan="on", access_log=access_log, http=protocol)
 
 
 class Server(uvicorn.Server):

@@ -172,6 +172,13 @@ def speech_model(formats: tuple[str, ...], max_chars: int, need_input: bool = Tr
             raise _fail(missing_format(value, formats))
         return value
 
+    def stream_default(cls: type, data: Any) -> Any:
+        # a stream without a response_format is wav (an mp3 default cannot be streamed)
+        if isinstance(data, dict) and data.get("response_format") is None and default_format not in STREAMABLE \
+                and data.get("stream_format") in STREAM_FORMATS:
+            return {**data, "response_format": STREAMABLE[0]}
+        return data
+
     def streamable(self: BaseModel) -> BaseModel:
         if self.stream_format is not None and self.response_format not in STREAMABLE:
             raise _fail(f"response_format {self.response_format!r} cannot be streamed; use wav or pcm",
@@ -187,9 +194,9 @@ def speech_model(formats: tuple[str, ...], max_chars: int, need_input: bool = Tr
             "a preset voice of the model or a registered voice id; default: the model's first preset; ignored when "
             "ref_audio is given")), BeforeValidator(_voice)] | None, None),
         "instructions": (Text("instruction text (models with mode instruct)", max_chars) | None, None),
-        "response_format": (Annotated[Literal[formats], Field(description=f"streaming takes {' or '.join(STREAMABLE)} "
-                                                                       "only"), BeforeValidator(response_format)],
-                            default_format),
+        "response_format": (Annotated[Literal[formats], Field(description=(
+            f"absent: {default_format}, or {STREAMABLE[0]} when streamed; streaming takes {' or '.join(STREAMABLE)} "
+            "only")), BeforeValidator(response_format)], default_format),
         "speed": (Annotated[float, Field(ge=lo, le=hi), BeforeValidator(_speed)], 1.0),
         "stream_format": (Annotated[Literal[STREAM_FORMATS] | None, Field(
             description="absent: one whole file; audio: chunked audio as produced; sse: server-sent events"),
@@ -203,7 +210,8 @@ def speech_model(formats: tuple[str, ...], max_chars: int, need_input: bool = Tr
                     Field(None, json_schema_extra=_options_schema(json.loads(options)))),
     }
     return create_model("SpeechRequest", __config__=STRICT,
-                        __validators__={"streamable": model_validator(mode="after")(streamable)}, **fields)
+                        __validators__={"stream_default": model_validator(mode="before")(classmethod(stream_default)),
+                                        "streamable": model_validator(mode="after")(streamable)}, **fields)
 
 
 # the annotated types of the fixed models' fields (type checkers take names in annotations, not calls)
@@ -349,6 +357,10 @@ class ModelEntry(BaseModel):
     voices: list[str] | Omitted = None
     options: list[dict[str, Any]] | Omitted = Field(None, description="the request options the model takes: each "
                                                                       "a JSON schema with its name")
+    aliases: list[str] | Omitted = Field(None, description="the model aliases (--alias) that stand for it")
+    voice_aliases: dict[str, str] | Omitted = Field(None, description="voice aliases (--voice-alias) on it: alias "
+                                                                       "-> voice")
+    alias_of: str | Omitted = Field(None, description="an alias's entry: the served model it stands for")
 
 
 class LoadedModel(ModelEntry):

@@ -18,6 +18,7 @@ from mizuoto.errors import InvalidRequest
 from mizuoto.server.audio import available_formats
 from mizuoto.server.errors import ApiError
 from mizuoto.server.admission import JobSlots
+from mizuoto.server.aliases import Aliases
 from mizuoto.server.jobs import Job
 from mizuoto.server.metrics import Metrics
 from mizuoto.server.bodies import speech_body_bytes
@@ -52,6 +53,10 @@ class ServerConfig:
     body_timeout: float = 60.0  # seconds a whole request body may take, however it trickles
     drain_seconds: float = 2.0  # on SIGTERM/SIGINT: /ready answers 503 this long before the listener closes
     max_upload_parts: int = 16  # multipart parts read from one voice upload
+    # a speech request's response_format when it gives none (streamed: wav); `mizuoto serve` sets mp3, OpenAI's
+    default_format: str = "wav"
+    model_aliases: tuple[str, ...] = ()  # "ALIAS=MODEL" each (--alias): aliases.py
+    voice_aliases: tuple[str, ...] = ()  # "ALIAS=[MODEL/]VOICE" each (--voice-alias)
 
 
 @dataclass(frozen=True)
@@ -95,9 +100,14 @@ class ServerState:
         self._load_lock = threading.Lock()  # admin loads and unloads; picking a catalogue model's loader
         self._loading: dict[str, threading.Event] = {}  # catalogue models being loaded -> set when done
         self.formats = available_formats()
+        if config.default_format not in self.formats:
+            raise InvalidRequest(f"default format {config.default_format!r} has no encoder here; available: "
+                                 f"{', '.join(self.formats)}")
+        self.aliases = Aliases.parse(config.model_aliases, config.voice_aliases, self.catalogue)
         # each engine's declared request options, for the document
         options = engine_options(runtime.engines() if hasattr(runtime, "engines") else {})
-        self.speech = speech_model(self.formats, config.max_input_chars, options=options)  # the speech body's model
+        self.speech = speech_model(self.formats, config.max_input_chars, default_format=config.default_format,
+                                   options=options)  # the speech body's model
         # what a speech request can hold (texts, options, a reference clip), and so a WebSocket message
         self.speech_body_bytes = min(config.max_body_bytes, speech_body_bytes(config.max_input_chars))
         # a WebSocket or Wyoming session's fields: raw PCM out, the text sent apart

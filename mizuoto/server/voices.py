@@ -82,7 +82,8 @@ def register(state: ServerState, body: bytes, content_type: str) -> dict:
     else:
         voice = checked(as_json, parse_json(body))
         audio, param = decode_base64(voice.audio, "audio"), "audio"
-    voice_id, text, model = voice.id if voice.id is not None else voice.name, voice.text, voice.model
+    voice_id, text = voice.id if voice.id is not None else voice.name, voice.text
+    model = state.aliases.model(voice.model)
     if voice_id is None:
         raise ApiError(400, "field 'id' is required", "id")
     if model is not None:

@@ -150,7 +150,7 @@ async def session(ws, state: ServerState) -> None:
         start = await _message(ws, state.config.idle_timeout)
         if start["type"] != "session.start":
             raise ApiError(400, f"the first message must be session.start, got {start['type']!r}", "type")
-        p = checked(state.session, {k: v for k, v in start.items() if k != "type"})
+        p = state.aliases.apply(checked(state.session, {k: v for k, v in start.items() if k != "type"}))
         if p.input is not None:
             raise ApiError(400, "send the text with input_text.append messages, not in session.start", "input")
         if p.stream_format is not None:

@@ -435,7 +435,7 @@ class WyomingServer:
         await in_fresh_thread(self.service.load_all)
         await self.server.start(lambda reader, writer: WyomingHandler(self.service, reader, writer))
         names = [v.name for v in self.service.voices()]
-        log.info("wyoming: serving %d voice(s) on %s: %s", len(names), self.uri, ", ".join(names) or "none")
+        log.info("serving %d voice(s) on %s: %s", len(names), self.uri, ", ".join(names) or "none")
 
     async def stop(self, timeout: float = 10.0) -> None:
         """Close every connection, cancel running jobs (waiting up to `timeout` s for them) and free the models."""

@@ -42,6 +42,9 @@ NAMED = {  # difference -> the words docs/server.md names it by
     f"POST /v1/audio/speech {JSON_BODY}.properties.options: added": "takes `options`",
     **{f"{op} responses.200.content.application/json.schema.{where}properties.options: added": "lists its\n    `options`"
        for op, where in (("GET /v1/models", "properties.data.items."), ("POST /v1/models/load", ""))},
+    **{f"{op} responses.200.content.application/json.schema.{where}properties.{field}: added": "aliases (`aliases`,"
+       for op, where in (("GET /v1/models", "properties.data.items."), ("POST /v1/models/load", ""))
+       for field in ("aliases", "voice_aliases", "alias_of")},
     'POST /v1/models/load responses.200.content.application/json.schema.required: ["id", "object", "loaded", '
     '"owned_by"] -> ["id", "object", "loaded", "owned_by", "evicted"]': "`evicted` as required",
 }

@@ -152,16 +152,87 @@ def test_save_a_clip_as_a_voice_and_speak_with_it(browser, server, h, tmp_path):
     browser.find_element(By.ID, "voice-id").send_keys("web-test-voice")
     try:
         browser.find_element(By.ID, "save-voice").click()
-        WebDriverWait(browser, WAIT).until(lambda d: d.find_element(By.ID, "status").text == "saved voice web-test-voice"
-                                           or d.find_element(By.ID, "error").is_displayed())
+        WebDriverWait(browser, WAIT).until(
+            lambda d: d.find_element(By.ID, "status").text.startswith("uploaded voice web-test-voice")
+            or d.find_element(By.ID, "error").is_displayed())
         assert not browser.find_element(By.ID, "error").is_displayed(), browser.find_element(By.ID, "error").text
-        assert Select(browser.find_element(By.ID, "voice")).first_selected_option.get_attribute("value") \
-            == "web-test-voice"
+        chosen = Select(browser.find_element(By.ID, "voice")).first_selected_option
+        assert chosen.get_attribute("value") == "web-test-voice"
+        assert chosen.text == "web-test-voice (uploaded: until the server restarts)"  # kept in memory: not "saved"
         browser.find_element(By.ID, "seed").send_keys("5")
         stats = _speak(browser, "A saved voice speaks in the browser.")
         assert stats["rate"] == 24000 and stats["seconds"] > 0 and stats["rms"] > 0, stats
     finally:
         httpx.delete(server.url + "/v1/audio/voices/web-test-voice", timeout=10)
+
+
+def _select_model(browser, model: str, engine: str) -> None:
+    Select(browser.find_element(By.ID, "model")).select_by_value(model)
+    WebDriverWait(browser, WAIT).until(lambda d: engine in d.find_element(By.ID, "model-info").text)
+
+
+def test_instruct_field_only_for_models_with_mode_instruct(browser, server):
+    """The instruction field shows for a model whose modes (from /v1/models) include instruct, and its text goes out
+    as `instructions`; a model without the mode hides it and sends none."""
+    _open(browser, server)
+    browser.execute_script(  # the page's speech requests, as sent
+        "window.sent = []; const f = window.fetch; window.fetch = (u, o) => {"
+        " if (String(u).endsWith('/v1/audio/speech')) window.sent.push(JSON.parse(o.body)); return f(u, o); };")
+    _select_model(browser, "tone", "tone")
+    field = browser.find_element(By.ID, "instruct")
+    assert field.is_displayed()
+    field.send_keys("sing it high")
+    _speak(browser, "la la")
+    _select_model(browser, "piper", "piper")
+    assert not field.is_displayed()
+    _speak(browser, "No instruction here.")
+    sent = browser.execute_script("return window.sent")
+    assert sent[0]["instructions"] == "sing it high" and "instructions" not in sent[1], sent
+
+
+def test_voice_labels_say_which_voices_are_saved(browser, server, h):
+    """A voice kept in the server's memory is labelled as lasting until a restart; one stored on the server
+    (cached on the model, written to the store) is "saved"; a preset has no label."""
+    with httpx.Client(base_url=server.url, timeout=60, headers=h.admin) as c:
+        up = c.post("/v1/audio/voices", json={"id": "web-uploaded", "audio": h.wav_base64()})
+        kept = c.post("/v1/audio/voices", json={"id": "web-kept", "audio": h.wav_base64(), "model": "tone"})
+        try:
+            assert up.status_code == 201 and kept.status_code == 201, (up.text, kept.text)
+            assert kept.json()["stored"] is True
+            _open(browser, server)
+            _select_model(browser, "tone", "tone")
+            labels = {o.get_attribute("value"): o.text for o in Select(browser.find_element(By.ID, "voice")).options}
+            assert labels["web-uploaded"] == "web-uploaded (uploaded: until the server restarts)"
+            assert labels["web-kept"] == "web-kept (saved)"
+            assert labels["low"] == "low" and labels["high"] == "high"
+        finally:
+            c.delete("/v1/audio/voices/web-uploaded")
+            c.delete("/v1/audio/voices/web-kept")
+
+
+def _inked_pixels(browser) -> int:
+    """Pixels of the waveform canvas that are drawn on (not transparent)."""
+    return browser.execute_script(
+        "const c = document.getElementById('waveform');"
+        " const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;"
+        " let n = 0; for (let i = 3; i < d.length; i += 4) if (d[i]) n++; return n;")
+
+
+def test_waveform_is_drawn_and_figures_reset_on_model_change(browser, server):
+    """After a synthesis the canvas holds the audio's waveform (across its width); choosing another model clears
+    the figures, the waveform and the download of the last synthesis."""
+    _open(browser, server)
+    _select_model(browser, "tone", "tone")
+    assert _inked_pixels(browser) == 0
+    stats = _speak(browser, "la la la la")
+    width = browser.find_element(By.ID, "waveform").get_attribute("width")
+    assert stats["seconds"] > 0 and _inked_pixels(browser) > int(width), "the waveform was not drawn"
+    assert browser.find_element(By.ID, "chunks").text != "-"
+    _select_model(browser, "piper", "piper")
+    for figure in ("first-chunk", "rtf", "audio-seconds", "chunks"):
+        assert browser.find_element(By.ID, figure).text == "-", figure
+    assert _inked_pixels(browser) == 0 and not browser.find_element(By.ID, "download").is_displayed()
+    assert browser.execute_script("return window.mizuotoStats") is None
 
 
 @pytest.fixture(scope="module")

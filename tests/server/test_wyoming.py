@@ -12,6 +12,7 @@ import base64
 import io
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -138,6 +139,20 @@ def test_describe_lists_every_model_voice(wyoming_server):
     cosy = voices["cosy/ref"]  # CosyVoice 2 has no presets: it offers the clip registered with --voice
     assert "cosyvoice engine" in cosy.description and {"zh", "en"} <= set(cosy.languages)
     assert not any(n.startswith("piper/ref") for n in voices), "piper cannot clone, so it offers no clip voice"
+
+
+def test_start_line_reads_as_the_docs_quote_it(wyoming_server):
+    """Once it serves: `mizuoto wyoming: serving N voice(s) on URI: model/voice, ...`, the shape docs/wyoming.md quotes
+    (the logger's prefix said once)."""
+    shape = r"mizuoto wyoming: serving (\d+) voice\(s\) on (tcp://\S+): (.+)"
+    quoted = re.search(rf"^# {shape}$", (ROOT / "docs" / "wyoming.md").read_text(), re.M)
+    assert quoted is not None and int(quoted[1]) == len(quoted[3].split(", "))
+    end = time.monotonic() + 10  # the line follows the listener's opening
+    while not (found := re.search(rf"^{shape}$", wyoming_server.log.read_text(), re.M)):
+        assert time.monotonic() < end, wyoming_server.log.read_text()
+        time.sleep(0.1)
+    assert found[2] == f"tcp://127.0.0.1:{wyoming_server.port}"
+    assert set(found[3].split(", ")) == {"piper/joe", "cosy/ref"} and int(found[1]) == 2
 
 
 def test_synthesize_piper_and_cosy(wyoming_server, cosy_expected):

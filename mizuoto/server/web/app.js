@@ -56,7 +56,8 @@ function setStatus(text) { $("status").textContent = text; }
 function currentModel() { return page.models.find((m) => m.id === $("model").value); }
 
 async function loadModels() {
-  page.models = (await getJson("/v1/models")).data;
+  // an alias (--alias) names a model listed in its own right: the menu shows each model once
+  page.models = (await getJson("/v1/models")).data.filter((m) => !m.alias_of);
   $("model").replaceChildren(...page.models.map(
     (m) => new Option(m.loaded ? `${m.id} (${m.engine})` : `${m.id} (not loaded)`, m.id)));
   await loadVoices();
@@ -68,7 +69,7 @@ async function loadVoices(select) {
   const clones = (model.modes || []).some((m) => CLONING.includes(m));
   const voices = (await getJson(`/v1/audio/voices?model=${encodeURIComponent(model.id)}`)).data
     .filter((v) => v.model === model.id || (clones && v.kind === "uploaded"));
-  const options = voices.map((v) => new Option(v.kind === "uploaded" ? `${v.id} (saved)` : v.id, v.id));
+  const options = voices.map((v) => new Option(voiceLabel(v), v.id));
   if (!options.length) options.push(new Option(clones ? "(choose a reference clip below)" : "(default)", ""));
   $("voice").replaceChildren(...options);
   if (select) $("voice").value = select;
@@ -76,7 +77,53 @@ async function loadVoices(select) {
     ? `${model.engine}${model.variant ? " " + model.variant : ""}, ${model.sample_rate} Hz; modes: ${model.modes.join(", ")}`
     : "not loaded now: it loads on first use";
   $("clone").hidden = model.loaded && !clones;
+  $("instruct-row").hidden = !(model.modes || []).includes("instruct");
   showOptions(model.options || []);
+}
+
+// What a voice is, said plainly: only a voice stored on the server is "saved" (it survives a restart).
+function voiceLabel(v) {
+  if (v.kind === "uploaded") return `${v.id} (uploaded: until the server restarts)`;
+  if (v.kind === "cached") return v.stored ? `${v.id} (saved)` : `${v.id} (cached: until the server restarts)`;
+  return v.id;
+}
+
+// The figures, the waveform and the download belong to the last synthesis: cleared when it no longer applies.
+function resetFigures() {
+  for (const id of ["first-chunk", "rtf", "audio-seconds", "chunks"]) $(id).textContent = "-";
+  $("download").hidden = true;
+  drawWaveform(null);
+  window.mizuotoStats = null;
+}
+
+// The whole result as a waveform: each column of the canvas spans the lowest to the highest sample it covers.
+function drawWaveform(samples) {
+  const canvas = $("waveform");
+  const g = canvas.getContext("2d");
+  const { width, height } = canvas;
+  g.clearRect(0, 0, width, height);
+  if (!samples || !samples.length) return;
+  g.fillStyle = "#2f6fb3";
+  const per = samples.length / width;
+  for (let x = 0; x < width; x++) {
+    let lo = 1, hi = -1;
+    const end = Math.min(samples.length, Math.max(Math.floor((x + 1) * per), Math.floor(x * per) + 1));
+    for (let i = Math.floor(x * per); i < end; i++) {
+      const s = Math.max(-1, Math.min(1, samples[i]));
+      if (s < lo) lo = s;
+      if (s > hi) hi = s;
+    }
+    if (lo > hi) continue;
+    const top = (1 - hi) * height / 2, bottom = (1 - lo) * height / 2;
+    g.fillRect(x, top, 1, Math.max(1, bottom - top));
+  }
+}
+
+function joined(pieces) {
+  const out = new Float32Array(pieces.reduce((n, p) => n + p.length, 0));
+  let at = 0;
+  for (const p of pieces) { out.set(p, at); at += p.length; }
+  return out;
 }
 
 // One field per request option the model's engine declares (GET /v1/models lists them as JSON schemas).
@@ -195,6 +242,7 @@ async function requestBody() {
   }
   if ($("speed").value !== "" && Number($("speed").value) !== 1) body.speed = Number($("speed").value);
   if ($("seed").value !== "") body.seed = Number($("seed").value);
+  if (!$("instruct-row").hidden && $("instruct").value.trim()) body.instructions = $("instruct").value.trim();
   const options = optionValues();
   if (Object.keys(options).length) body.options = options;
   return body;
@@ -209,8 +257,7 @@ async function speak(event) {
   event.preventDefault();
   showError("");
   stopPlayback();
-  for (const id of ["first-chunk", "rtf", "audio-seconds", "chunks"]) $(id).textContent = "-";
-  $("download").hidden = true;
+  resetFigures();
   const ctx = audioContext();
   const stats = { firstChunkMs: null, rtf: null, seconds: 0, chunks: 0, rate: 0, rms: 0, received: false };
   window.mizuotoStats = stats;
@@ -219,7 +266,7 @@ async function speak(event) {
   setBusy(true);
   setStatus("requesting...");
   let sumSquares = 0, samples = 0, carry = null;
-  const parts = [];
+  const parts = [], decoded = [];
   try {
     const body = await requestBody();
     const started = performance.now();
@@ -247,6 +294,7 @@ async function speak(event) {
       for (const x of floats) sumSquares += x * x;
       samples += floats.length;
       parts.push(new Uint8Array(pcm.buffer));
+      decoded.push(floats);
       schedule(floats, stats.rate);
       stats.chunks += 1;
       $("chunks").textContent = String(stats.chunks);
@@ -259,6 +307,7 @@ async function speak(event) {
     $("rtf").textContent = `${stats.rtf.toFixed(3)} (${stats.rtf < 1 ? "faster" : "slower"} than real time)`;
     $("audio-seconds").textContent = `${stats.seconds.toFixed(2)} s at ${stats.rate} Hz`;
     $("download-link").href = URL.createObjectURL(wavBlob(parts, stats.rate));
+    drawWaveform(joined(decoded));
     $("download").hidden = false;
     setStatus("playing...");
   } catch (e) {
@@ -273,7 +322,7 @@ async function speak(event) {
 async function saveVoice() {
   showError("");
   const file = $("ref-file").files[0];
-  if (!file) { showError("choose a reference clip to save first"); return; }
+  if (!file) { showError("choose a reference clip to upload first"); return; }
   const form = new FormData();
   form.append("id", $("voice-id").value.trim());
   if ($("ref-text").value.trim()) form.append("text", $("ref-text").value.trim());
@@ -282,7 +331,7 @@ async function saveVoice() {
     const voice = await getJson("/v1/audio/voices", { method: "POST", body: form });
     $("ref-file").value = "";
     await loadVoices(voice.id);
-    setStatus(`saved voice ${voice.id}`);
+    setStatus(`uploaded voice ${voice.id} (until the server restarts)`);
   } catch (e) {
     showError(e.message);
   }
@@ -303,7 +352,7 @@ function listModels() {
 document.addEventListener("DOMContentLoaded", () => {
   $("speak-form").addEventListener("submit", speak);
   $("stop").addEventListener("click", () => { stopPlayback(); setBusy(false); setStatus("stopped"); });
-  $("model").addEventListener("change", () => loadVoices().catch((e) => showError(e.message)));
+  $("model").addEventListener("change", () => { resetFigures(); loadVoices().catch((e) => showError(e.message)); });
   $("save-voice").addEventListener("click", saveVoice);
   $("api-key").addEventListener("change", listModels);
   listModels();
