@@ -29,6 +29,7 @@ from mizuoto.server.bodies import parse_json, read_body
 from mizuoto.server.errors import ApiError, from_exception
 from mizuoto.server.jobs import in_fresh_thread
 from mizuoto.server.listing import model_entry as _model_entry, model_list
+from mizuoto.runtime.lease import Lease
 from mizuoto.runtime.malloc import tune_malloc
 from mizuoto.server.schemas import Error, Omitted, checked
 from mizuoto.server.state import ServerConfig, ServerState
@@ -171,10 +172,22 @@ async def _voice_create(request: Request) -> Response:
     if not state.limiter.try_acquire():
         raise ApiError(503, f"the server is at its limit of {state.config.max_concurrent} concurrent requests;"
                             " retry shortly", headers={"Retry-After": str(state.config.retry_after)})
+    # the upload's lease: its deadline and its client leaving end its waits; the slot goes when its work has
+    # ended (the lease's release, after any call of its still running), not when this handler stops waiting
+    lease = Lease(state.config.request_timeout)
+    lease.on_release(state.limiter.release)
+    content_type = request.headers.get("content-type", "")
+
+    def register() -> dict:
+        try:
+            return voices.register(state, body, content_type, lease)
+        finally:
+            lease.release()
     try:
-        voice = await in_fresh_thread(voices.register, state, body, request.headers.get("content-type", ""))
-    finally:
-        state.limiter.release()
+        voice = await in_fresh_thread(register)
+    except asyncio.CancelledError:
+        lease.cancel("because its client left")
+        raise
     return JSONResponse(voice, status_code=201)
 
 

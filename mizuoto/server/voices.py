@@ -10,6 +10,7 @@ from __future__ import annotations
 from python_multipart.multipart import MultipartParser, MultipartState, parse_options_header
 
 from mizuoto.errors import InvalidRequest, MizuotoError
+from mizuoto.runtime.lease import Lease
 from mizuoto.server.audio import MAX_VOICE_RATE, MAX_VOICE_SECONDS, decode_base64, decode_reference
 from mizuoto.server.errors import ApiError, from_exception
 from mizuoto.server.state import ServerState, StoredVoice
@@ -65,10 +66,11 @@ def parse_multipart(body: bytes, content_type: str, max_parts: int = 16, max_fil
     return fields, files
 
 
-def register(state: ServerState, body: bytes, content_type: str) -> dict:
+def register(state: ServerState, body: bytes, content_type: str, lease: Lease | None = None) -> dict:
     """A voice from a JSON body ({id, audio: base64, text, model}) or a form upload (id, text, model, file).
 
     Returns the response body. With `model` the voice is cached (and stored) on that model; without, uploaded.
+    The `lease` (the upload's: its deadline, its client leaving) bounds the wait for the model and its front end.
     """
     as_json, as_form = voice_models(state.config.max_input_chars)
     if content_type.startswith("multipart/form-data"):
@@ -93,7 +95,7 @@ def register(state: ServerState, body: bytes, content_type: str) -> dict:
         samples, rate = decode_reference(audio, param, MAX_VOICE_SECONDS, MAX_VOICE_RATE)
         seconds = round(samples.numel() / rate, 3)
         if model is not None:
-            _cache(state, model, voice_id, samples, rate, text)
+            _cache(state, model, voice_id, samples, rate, text, lease if lease is not None else Lease())
             return {"id": voice_id, "object": "voice", "kind": "cached", "model": model, "sample_rate": rate,
                     "seconds": seconds, "stored": state.runtime.identity(model) is not None}
         state.add_uploaded(StoredVoice(voice_id, samples, rate, text))
@@ -138,16 +140,17 @@ def _voices_of(state: ServerState, model: str) -> list:
         return []
 
 
-def _cache(state: ServerState, model: str, voice_id: str, samples, rate: int, text: str | None) -> None:
-    """Compute the voice's prompt on `model` once; the Runtime stores it for later runs."""
+def _cache(state: ServerState, model: str, voice_id: str, samples, rate: int, text: str | None,
+           lease: Lease) -> None:
+    """Compute the voice's prompt on `model` once, each wait bounded by the lease; the Runtime stores it."""
     try:
-        state.ensure_loaded(model)
+        state.ensure_loaded(model, lease)  # pinned for the upload from here
         if not state.runtime.model(model).capabilities.voice_cache:
             raise ApiError(400, f"model {model} cannot cache voices; register without 'model' to keep the audio",
                            "model")
         if voice_id in {v.id for v in state.runtime.voices(model)}:
             raise ApiError(409, f"voice {voice_id!r} already exists on model {model}; delete it first", "id")
-        state.runtime.add_voice(model, voice_id, (samples, rate), text)
+        state.runtime.add_voice(model, voice_id, (samples, rate), text, lease=lease)
     except Exception as e:
         raise from_exception(e) from None
 
