@@ -14,17 +14,19 @@ its slot (admission.py); the slot is released when the computation ends, before 
 from __future__ import annotations
 
 import asyncio
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from mizuoto.runtime.lease import Lease
+from mizuoto.runtime.lease import POLL_S, Lease
 from mizuoto.runtime.threads import spawn
 from mizuoto.server.admission import JobSlots, Ticket
 from mizuoto.server.errors import ApiError, past_deadline
 
 _END = object()
+_DONE = object()  # the end of a TextFeed's text
 QUEUE_CHUNKS = 8  # chunks a worker may run ahead of a slow client
 
 
@@ -65,6 +67,44 @@ async def in_fresh_thread(fn: Callable[..., Any], *args: Any) -> Any:
 
 class Cancelled(Exception):
     """Raised inside a worker (e.g. by a streamed-text iterator) when its job was cancelled."""
+
+
+class TextFeed:
+    """Streamed text for a job (a WebSocket or Wyoming session): a blocking iterator of pieces fed from the event loop; cancelling it, or the end of the job's
+    lease (`lease`, set when the job starts), makes it raise."""
+
+    def __init__(self):
+        self._queue: queue.Queue = queue.Queue()
+        self.cancelled = False
+        self.lease: Lease | None = None
+
+    def follow(self, lease: Lease) -> None:
+        """End a wait for more text when `lease` (the job's) ends too."""
+        self.lease = lease
+
+    def put(self, text: str) -> None:
+        self._queue.put(text)
+
+    def done(self) -> None:
+        self._queue.put(_DONE)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self._queue.put(_DONE)
+
+    def __iter__(self) -> Iterator[str]:
+        while True:
+            try:
+                item = self._queue.get(timeout=POLL_S)
+            except queue.Empty:
+                if self.lease is not None and self.lease.cancelled:
+                    raise Cancelled() from None
+                continue
+            if self.cancelled:
+                raise Cancelled()
+            if item is _DONE:
+                return
+            yield item
 
 
 class Job:

@@ -177,7 +177,9 @@ def build_app(config: RayConfig) -> Any:
         @serve.multiplexed(max_num_models_per_replica=config.models_per_replica)
         async def model(self, model_id: str) -> _Held:
             """Load `model_id` into this replica (Ray keeps the most recently used ones)."""
-            await asyncio.to_thread(self.state.ensure_loaded, model_id)
+            from mizuoto.server.speech import load_model
+
+            await load_model(self.state, model_id)  # under a slot and a lease, as a request's own load
             return _Held(self.runtime, model_id)
 
     return Mizuoto.bind(settings)

@@ -20,8 +20,8 @@ from mizuoto.runtime.threads import in_thread
 from mizuoto.server.audio import (MEDIA_TYPES, check_finite, decode_base64, decode_reference, encode, pcm16,
                                   wav_header)
 from mizuoto.server.errors import ApiError, from_exception
-from mizuoto.server.jobs import Cancelled, Job, in_fresh_thread
-from mizuoto.server.state import ServerState
+from mizuoto.server.jobs import Cancelled, Job, TextFeed, in_fresh_thread
+from mizuoto.server.state import LOAD_WAIT_S, ServerState
 
 log = logging.getLogger("mizuoto.server")
 JOIN_SECONDS = 5.0  # how long a finished request waits for its worker to release the slot
@@ -31,8 +31,9 @@ class ClientGone(Exception):
     """The client disconnected; its job was cancelled."""
 
 
-def inline_reference(state: ServerState, p: Any) -> Reference | None:
-    """The reference given in `ref_audio` (an uploaded voice id or base64 audio), checked now."""
+def inline_reference(state: ServerState, p: Any, lease: Lease | None = None) -> Reference | None:
+    """The reference given in `ref_audio` (an uploaded voice id or base64 audio), checked now; the request's `lease`
+    ends the wait for its decoding."""
     if p.ref_audio is None:
         return None
     stored = state.voices.get(p.ref_audio)  # one read: the voice may be deleted meanwhile
@@ -40,7 +41,8 @@ def inline_reference(state: ServerState, p: Any) -> Reference | None:
         return Reference((stored.samples, stored.rate), p.ref_text or stored.text)
     # in a thread that ends with it: the job's own thread would keep the decode's OpenMP team
     # alive beside a batched model's compute thread for the whole request
-    samples, rate = in_thread(lambda: decode_reference(decode_base64(p.ref_audio, "ref_audio"), "ref_audio"))
+    samples, rate = in_thread(lambda: decode_reference(decode_base64(p.ref_audio, "ref_audio"), "ref_audio"),
+                              lease=lease)
     return Reference((samples, rate), p.ref_text)
 
 
@@ -78,6 +80,18 @@ def build_request(state: ServerState, p: Any, reference: Reference | None, strea
         raise from_exception(e) from None
 
 
+async def load_model(state: ServerState, name: str) -> None:
+    """Load `name` for a session before its first request (WebSocket, Wyoming, Ray), in a thread that ends with it,
+    under a slot and a lease as a request's own load is (`ServerState.load_for_session`); the awaiting client
+    leaving (this coroutine cancelled) cancels the lease."""
+    lease = Lease(state.config.request_timeout or LOAD_WAIT_S)
+    try:
+        await in_fresh_thread(state.load_for_session, name, lease)
+    except asyncio.CancelledError:
+        lease.cancel("because its client left")
+        raise
+
+
 def start_job(state: ServerState, p: Any, stream: bool, text: str | Iterable[str] | None = None) -> Job:
     """Take a slot or a place in the queue (or 503) and start the synthesis in a worker thread.
 
@@ -93,7 +107,7 @@ def start_job(state: ServerState, p: Any, stream: bool, text: str | Iterable[str
                        headers={"Retry-After": str(state.config.retry_after)})
 
     def start(lease: Lease) -> Iterator[AudioChunk]:
-        reference = inline_reference(state, p)
+        reference = inline_reference(state, p, lease)
         request = build_request(state, p, reference, stream, text, lease)
         try:
             chunks = state.runtime.synthesize(p.model, request, lease=lease)
@@ -116,7 +130,7 @@ def start_job(state: ServerState, p: Any, stream: bool, text: str | Iterable[str
     job = Job(start, state.limiter, ticket, state.config.request_timeout, on_finish=finished,
               on_admit=state.metrics.queue_wait, retry_after=state.config.retry_after)
     state.jobs.add(job)
-    if hasattr(text, "follow"):  # streamed text (websocket.TextFeed): the job's lease ends its waits too
+    if isinstance(text, TextFeed):  # streamed text: the job's lease ends its waits too
         text.follow(job.lease)
     return job.run()
 

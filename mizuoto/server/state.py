@@ -14,6 +14,7 @@ import torch
 
 from mizuoto.runtime.engine import Reference
 from mizuoto.runtime.lease import POLL_S, Lease
+from mizuoto.runtime.threads import join_spawned
 from mizuoto.errors import InvalidRequest
 from mizuoto.server.audio import available_formats
 from mizuoto.server.errors import ApiError
@@ -212,6 +213,33 @@ class ServerState:
                     del self._loading[name]
                 flight.set()
 
+    def overloaded(self) -> ApiError:
+        """The 503 of a request that finds every slot and every place in the queue taken."""
+        return ApiError(503, f"the server is at its limit of {self.config.max_concurrent} concurrent requests"
+                             f" and {self.config.max_queued} queued; retry shortly",
+                        headers={"Retry-After": str(self.config.retry_after)})
+
+    def load_for_session(self, name: str, lease: Lease) -> None:
+        """Load a model for a session (WebSocket, Wyoming) before its first request, as a request's own load is:
+        under a job slot (queued as a job; 503 when none is free) and the session's lease, released after. A model
+        loaded already takes neither: the session's requests pin it (or load it again) under their own."""
+        if name in self.loaded():
+            lease.release()
+            return
+        try:
+            ticket = self.limiter.enter()
+            if ticket is None:
+                raise self.overloaded()
+            if not self.limiter.wait(ticket, lease):
+                lease.check("while waiting for a slot to load its model")
+                raise ApiError(503, f"the session waited {self.limiter.timeout:g} s in the queue without a free"
+                                    " slot (--queue-timeout); retry shortly",
+                               headers={"Retry-After": str(self.config.retry_after)})
+            lease.on_release(self.limiter.release)  # the slot goes with the lease: once the load's work has ended
+            self.ensure_loaded(name, lease)
+        finally:
+            lease.release()  # its pin goes: the session's requests pin the model again
+
     def _have(self, name: str, lease: Lease | None) -> bool:
         """Whether `name` is loaded (and now pinned for `lease`, when one is given)."""
         return self.runtime.pin(name, lease) if lease is not None else name in self.loaded()
@@ -268,6 +296,10 @@ class ServerState:
         if left:
             log.warning("%d job(s) still running %.0f s after shutdown began; closing the models under them",
                         len(left), timeout)
+        # loads, uploads and decodes the server started in threads of their own (whose waiters may have left)
+        stray = join_spawned(max(0.0, end - time.monotonic()))
+        if stray:
+            log.warning("%d worker thread(s) still running %.0f s after shutdown began", len(stray), timeout)
         self.runtime.close()
 
     # ---- memory --------------------------------------------------------------------------------

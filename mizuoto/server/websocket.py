@@ -16,19 +16,15 @@ the body timeout of its first piece, is closed with a 408 error.
 from __future__ import annotations
 
 import asyncio
-import queue
 import time
-from collections.abc import Iterator
 
-from mizuoto.runtime.lease import POLL_S, Lease
 from mizuoto.server.errors import ApiError, from_exception
-from mizuoto.server.jobs import Cancelled, in_fresh_thread, in_time
-from mizuoto.server.speech import ClientGone, Pull, pcm16, start_job
+from mizuoto.server.jobs import TextFeed, in_time
+from mizuoto.server.speech import ClientGone, Pull, load_model, pcm16, start_job
 from mizuoto.server.state import ServerState
 from mizuoto.server.bodies import parse_json
 from mizuoto.server.schemas import check_text, checked
 
-_DONE = object()
 # RFC 6455 close codes by the HTTP status of the error that ended a session: 1008 (policy violation) for what the
 # client got wrong, 1013 (try again later) when every slot and queue place is taken or the server is shutting
 # down, private codes for the deadline (4504) and out of memory (4507), 1011 (internal error) for the server's bugs
@@ -38,44 +34,6 @@ CLOSE_CODES = {503: 1013, 504: 4504, 507: 4507}
 def close_code(status: int) -> int:
     """The WebSocket close code of a session ended by an error of HTTP `status`."""
     return 1008 if status < 500 else CLOSE_CODES.get(status, 1011)
-
-
-class TextFeed:
-    """A blocking iterator of text pieces fed from the event loop; cancelling it, or the end of the job's
-    lease (`lease`, set when the job starts), makes it raise."""
-
-    def __init__(self):
-        self._queue: queue.Queue = queue.Queue()
-        self.cancelled = False
-        self.lease: Lease | None = None
-
-    def follow(self, lease: Lease) -> None:
-        """End a wait for more text when `lease` (the job's) ends too."""
-        self.lease = lease
-
-    def put(self, text: str) -> None:
-        self._queue.put(text)
-
-    def done(self) -> None:
-        self._queue.put(_DONE)
-
-    def cancel(self) -> None:
-        self.cancelled = True
-        self._queue.put(_DONE)
-
-    def __iter__(self) -> Iterator[str]:
-        while True:
-            try:
-                item = self._queue.get(timeout=POLL_S)
-            except queue.Empty:
-                if self.lease is not None and self.lease.cancelled:
-                    raise Cancelled() from None
-                continue
-            if self.cancelled:
-                raise Cancelled()
-            if item is _DONE:
-                return
-            yield item
 
 
 async def _message(ws, idle: float, end: float | None = None, total: float = 0.0) -> dict:
@@ -157,7 +115,7 @@ async def session(ws, state: ServerState) -> None:
             raise ApiError(400, "a session always streams raw PCM16: session.start takes no stream_format",
                            "stream_format")
         state.check_model(p.model)
-        await in_fresh_thread(state.ensure_loaded, p.model)
+        await load_model(state, p.model)  # under a slot and a lease, as a request's own load
         caps = state.runtime.model(p.model).capabilities
         await ws.send_json({"type": "session.created", "model": p.model, "sample_rate": caps.sample_rate,
                             "format": "pcm16", "stream_in": caps.stream_in})

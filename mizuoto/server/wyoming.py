@@ -38,12 +38,12 @@ from mizuoto.nn.dsp.wav import to_pcm16
 from mizuoto.server.errors import ApiError, from_exception
 from mizuoto.server.jobs import in_fresh_thread, in_time
 from mizuoto.runtime.malloc import tune_malloc
-from mizuoto.server.speech import ClientGone, Pull, start_job
+from mizuoto.server.speech import ClientGone, Pull, load_model, start_job
 from mizuoto.server.state import ServerState
 from mizuoto.server.bodies import parse_json
 from mizuoto.server.schemas import check_text, checked
 from mizuoto.runtime.request_options import parse_settings
-from mizuoto.server.websocket import TextFeed
+from mizuoto.server.jobs import TextFeed
 
 log = logging.getLogger("mizuoto.wyoming")
 SAMPLES_PER_CHUNK = 1024  # as wyoming-piper: small audio-chunk events keep a player's buffer short
@@ -337,7 +337,7 @@ class WyomingHandler(AsyncEventHandler):
             self.dropping = True  # until the stream is open: a bad start drops what follows it
             voice = service.resolve(_voice_of(event))
             params = service.params(voice)
-            await in_fresh_thread(service.state.ensure_loaded, voice.model)
+            await load_model(service.state, voice.model)  # under a slot and a lease, as a request's own load
             stream_in = service.state.runtime.model(voice.model).capabilities.stream_in
             self.stream, self.dropping = _Stream(self, params, stream_in), False
         elif SynthesizeChunk.is_type(event.type):

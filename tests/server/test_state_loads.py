@@ -66,3 +66,33 @@ def test_listing_models_while_one_is_evicted_shows_it_unloaded_instead_of_failin
         rt.voices = voices
         listed = {m["id"]: m["loaded"] for m in model_list(state, admin=False)["data"]}
         assert listed == {"a": False, "b": True}
+
+
+def test_a_sessions_load_takes_a_slot_and_its_lease_and_a_loaded_model_takes_neither(tmp_path):
+    """WebSocket, Wyoming and Ray load a model before a session's first request: under a job slot (503 when none is
+    free, queued as a job) and the session's lease (its cancel ends the wait); they loaded outside both."""
+    from mizuoto.server.errors import ApiError
+
+    a = write_model(tmp_path / "a")
+    with Runtime(engines=[ToneEngine], plugins=False, voices=False) as rt:
+        state = ServerState(rt, ServerConfig(load_options={"device": "cpu"}, max_concurrent=1, max_queued=1), {"a": a})
+        assert state.limiter.try_acquire()  # a running job holds the only slot
+        waiting = Lease()
+        error, took = cancel_during(lambda: state.load_for_session("a", waiting), waiting,
+                                    lambda: state.limiter.queued == 1, settle=0.1)
+        assert isinstance(error, RequestCancelled) and "slot" in str(error) and took < 1.0
+        assert state.loaded() == [] and waiting.released
+        assert state.limiter.enter() is not None  # the queue's one place is taken now ...
+        try:
+            state.load_for_session("a", Lease())
+        except ApiError as e:  # ... so a session's load is refused as a request would be
+            assert e.status == 503
+        else:
+            raise AssertionError("a session's load went past a full server")
+        state.limiter.release()  # the running job ends: the queued ticket gets the slot, then leaves too
+        state.limiter.release()
+        state.load_for_session("a", Lease(30))
+        assert state.loaded() == ["a"] and rt.pins("a") == 0 and state.limiter.active == 0
+        state.limiter.try_acquire()
+        state.load_for_session("a", Lease(30))  # loaded already: no slot needed
+        state.limiter.release()
