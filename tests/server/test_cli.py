@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 
@@ -25,13 +26,8 @@ def _wait_up(url: str, proc, timeout: float = 60) -> None:
     raise AssertionError("server did not come up")
 
 
-def test_serve_env_and_graceful_shutdown(tmp_path, h):
-    """Port, models and limits from the environment; SIGTERM lets an in-flight stream finish, then exits 0."""
-    port = free_port()
-    slow = h.write_slow_model(tmp_path / "slow", 0.1)
-    env = {**os.environ, "MIZUOTO_PORT": str(port), "MIZUOTO_MODELS": f"slow={slow}", "MIZUOTO_MAX_CONCURRENT": "3",
-           "MIZUOTO_DEVICE": "cpu", "MIZUOTO_LOG_LEVEL": "warning"}
-    # The test-only 'slow' engine is not registered in a fresh process; serve it through a tiny launcher.
+def _launcher(tmp_path) -> Path:
+    """A script running `mizuoto ARGS...` with the test-only 'slow' engine registered (a fresh process lacks it)."""
     launcher = tmp_path / "launch.py"
     launcher.write_text(
         "import sys\n"
@@ -39,9 +35,19 @@ def test_serve_env_and_graceful_shutdown(tmp_path, h):
         "import conftest, mizuoto.runtime.api as api\n"
         "_Runtime = api.Runtime\n"
         "api.Runtime = lambda **kw: _Runtime(engines=(conftest.SlowToneEngine,), **kw)\n"
-        "from mizuoto.cli.serve import main\n"
-        "sys.exit(main(['serve']))\n")
-    proc = subprocess.Popen([sys.executable, str(launcher)], env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE)
+        "from mizuoto.cli.main import main\n"
+        "sys.exit(main(sys.argv[1:]))\n")
+    return launcher
+
+
+def test_serve_env_and_graceful_shutdown(tmp_path, h):
+    """Port, models and limits from the environment; SIGTERM lets an in-flight stream finish, then exits 0."""
+    port = free_port()
+    slow = h.write_slow_model(tmp_path / "slow", 0.1)
+    env = {**os.environ, "MIZUOTO_PORT": str(port), "MIZUOTO_MODELS": f"slow={slow}", "MIZUOTO_MAX_CONCURRENT": "3",
+           "MIZUOTO_DEVICE": "cpu", "MIZUOTO_LOG_LEVEL": "warning"}
+    proc = subprocess.Popen([sys.executable, str(_launcher(tmp_path)), "serve"], env=env, stderr=subprocess.PIPE,
+                            stdout=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_up(url, proc)
@@ -101,15 +107,7 @@ def test_max_batch_sets_the_models_batch_width_and_the_job_limit():
 def _launch(h, tmp_path, port: int, *argv: str) -> subprocess.Popen:
     """`mizuoto serve` on `port` serving a 'slow' tone model (registered by a launcher), its output as text pipes."""
     slow = h.write_slow_model(tmp_path / "slow", 0.0)
-    launcher = tmp_path / "launch.py"
-    launcher.write_text(
-        "import sys\n"
-        f"sys.path.insert(0, {str(os.path.dirname(__file__))!r})\n"
-        "import conftest, mizuoto.runtime.api as api\n"
-        "_Runtime = api.Runtime\n"
-        "api.Runtime = lambda **kw: _Runtime(engines=(conftest.SlowToneEngine,), **kw)\n"
-        "from mizuoto.cli.main import main\n"
-        "sys.exit(main(sys.argv[1:]))\n")
+    launcher = _launcher(tmp_path)
     env = {**os.environ, "MIZUOTO_PORT": str(port), "MIZUOTO_MODELS": f"slow={slow}", "MIZUOTO_DEVICE": "cpu",
            "MIZUOTO_DRAIN_SECONDS": "0"}
     env.pop("MIZUOTO_LOG_LEVEL", None)
