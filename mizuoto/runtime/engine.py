@@ -32,7 +32,7 @@ AudioSource = Union[str, os.PathLike, tuple]  # a file path, or (samples, sample
 
 
 def _check_audio_source(what: str, source: Any, field: str | None = None) -> None:
-    """Reject an audio source that is neither an existing file nor (1-D samples, positive rate); `field`: the request's."""
+    """Reject an audio source that is neither an existing file nor (1-D samples, positive rate) (`field`: its own)."""
     if isinstance(source, (str, os.PathLike)):
         if not Path(source).is_file():
             raise AudioError(f"{what}: audio file not found: {source}", field=field)
@@ -45,7 +45,8 @@ def _check_audio_source(what: str, source: Any, field: str | None = None) -> Non
         if len(shape) != 1 or shape[0] == 0:
             raise AudioError(f"{what}: samples must be a non-empty 1-D array, got shape {shape}", field=field)
         return
-    raise AudioError(f"{what}: expected a file path or (samples, sample_rate), got {type(source).__name__}", field=field)
+    raise AudioError(f"{what}: expected a file path or (samples, sample_rate), got {type(source).__name__}",
+                     field=field)
 
 
 def load_audio(source: AudioSource) -> tuple[torch.Tensor, int]:
