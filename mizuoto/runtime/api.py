@@ -163,6 +163,7 @@ class Runtime:
         return self.voice_service.foreign_voice(model, voice_id)
 
     def _loaded(self) -> list[_Loaded]:
+        """The loaded models now, copied under the lock (a load or an eviction may change the set meanwhile)."""
         with self._lock:
             return list(self._models.values())
 
@@ -375,9 +376,7 @@ class Runtime:
 
     def models(self) -> list[ModelInfo]:
         """The loaded models (as they were when called: a load or an eviction beside it changes the next call's)."""
-        with self._lock:
-            loaded = list(self._models.values())  # one copy: a load or an eviction may change the set meanwhile
-        return [self._info(m) for m in loaded]
+        return [self._info(m) for m in self._loaded()]  # one copy: a load or an eviction may change the set meanwhile
 
     def info(self, model: str) -> ModelInfo:
         """What a loaded model is and where it stands."""
@@ -439,9 +438,7 @@ class Runtime:
     def plan(self, model: str | None = None, stream: bool = False) -> Plan | dict[str, Plan]:
         """A model's plan for any request (its working-memory bound), or every loaded model's plan by name."""
         if model is None:
-            with self._lock:
-                loaded = list(self._models.values())
-            return {m.name: self._plan_for(m, None, stream) for m in loaded}
+            return {m.name: self._plan_for(m, None, stream) for m in self._loaded()}
         return self._plan_for(self._get(model), None, stream)
 
     def rehearse(self, device: str | None = None, stream: bool = False, vram: str | int | None = None,
@@ -594,7 +591,6 @@ class Runtime:
                 with loaded.scheduler.hold(lease, f"model {loaded.name}", reserve, plan.peak, budget, bound):
                     others = loaded.scheduler.together() - plan.peak
                     if self._try_admit(loaded, plan, others, waitable=True, lease=lease):
-                        loaded.scheduler.leave_line(lease)
                         try:
                             yield
                         finally:

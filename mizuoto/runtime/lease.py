@@ -135,11 +135,6 @@ class Lease:
             fn()
         self._finish_release()
 
-    @property
-    def working(self) -> int:
-        """Units of the request's work queued or running on compute loops now."""
-        return self._work
-
     def after_work(self, fn: Callable[[], None]) -> None:
         """Run fn() once none of the request's work is queued or running (at once when none is)."""
         with self._lock:

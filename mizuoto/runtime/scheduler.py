@@ -1,18 +1,22 @@
 """Runs requests through one model's stages on its executor, moving stage modules as its plan says.
 
-Leases: every request holds the model with its lease (`runtime.lease`), and every wait here
-(its turn, a compute call) ends with that lease's cancel or deadline. A stage call checks the
-lease it was given (`Model.use(stage, lease)`), or the lease of the executor call it runs in.
+Requests: each request on the model is a `runtime.request.Request` the scheduler owns, with its
+lease (`runtime.lease`); every wait here (its turn, a compute call, module moves) ends with that
+lease's cancel or deadline. A stage call checks the lease of the request whose code runs
+(`runtime.lease.current`, set around each step of the engine's iterator and each compute call).
 
 Executor: all of a model's heavy compute runs on one long-lived thread (`runtime.executor`). A
-model whose LM batches brings its own (its batch loop, `Model.executor`) and submits its stage
-calls itself; any other model is given the scheduler's Executor, and each step of the engine's
-chunk iterator runs there (width 1: one request at a time, so its steps run in order). The
-scheduler is that executor's placement, set once when it is made: the model's stage calls
-(`Model.use`) and call reservations (`Model.room`) come here through it (`place`, `reserve`).
+model whose LM batches brings its own (its batch loop, `Model.executor`); any other model is
+given the scheduler's Executor. At width 1 each step of the engine's chunk iterator runs there
+(one request at a time, so its steps run in order); above it, each request's iterator runs in its
+own thread and submits its compute there (`Model.submit`). The scheduler is that executor's
+placement, set once when it is made: the model's stage calls (`Model.use`) and call reservations
+(`Model.room`) come here through it (`place`, `reserve`).
 
 Concurrency: `model.batch_width` requests at a time per model (one, unless its sequence stage
-batches), each held from its first chunk until its iterator finishes or is closed; other
+batches), each held from its first chunk until its iterator finishes or is closed and its last
+work on the model has ended (`Lease.after_work`: a cancelled request's call still running keeps
+the model); other
 requests wait their turn in arrival order: none overtakes an earlier one that is still waiting
 (for a row, or for room beside the running ones), so a large request is not starved by a
 stream of small ones that would each fit. A thread that opens a second stream on a model while
@@ -216,14 +220,14 @@ class Scheduler:
             request.status, request.thread = WAITING_FOR_MEMORY, None
             bisect.insort(self._queue, request, key=lambda r: r.ticket)
 
-    def leave_line(self, lease: Lease, reason: str | None = None) -> None:
-        """The request no longer waits (it runs, or ended while waiting for memory, for `reason`)."""
+    def leave_line(self, lease: Lease) -> None:
+        """The request no longer waits (it runs, or ended while waiting for memory: its lease says how)."""
         with self._cond:
             request = self._requests.get(lease)
             if request is not None and not request.holds:
                 if request in self._queue:
                     self._queue.remove(request)
-                self._end(request, reason)
+                self._end(request)
             self._cond.notify_all()
 
     def failed(self, lease: Lease, error: BaseException) -> None:
@@ -346,8 +350,9 @@ class Scheduler:
         running = self.executor.running_lease() if lease is None else None  # Model.use checked a given one
         if running is not None:
             running.check(f"before its {stage} stage call")
+        lease = lease if lease is not None else running
         # moves never overlap another request's compute on a batched model
-        with self._turn(lease if lease is not None else running, f"before its {stage} stage call"):
+        with self._turn(lease, f"before its {stage} stage call"):
             if self.plan is None:
                 raise InvalidRequest("no plan applied to this model")
             with self._moves:
@@ -357,7 +362,7 @@ class Scheduler:
                 for name in wanted:
                     if name not in self._on_device:
                         self._move(name, True)
-            request = self._requests.get(lease if lease is not None else running)
+            request = self._requests.get(lease)
             if request is not None:
                 request.stage = stage  # what the request runs now (Runtime.requests)
             try:

@@ -102,9 +102,7 @@ def start_job(state: ServerState, p: Any, stream: bool, text: str | Iterable[str
         raise ApiError(503, "the server is shutting down", headers={"Retry-After": str(state.config.retry_after)})
     ticket = state.limiter.enter()
     if ticket is None:
-        raise ApiError(503, f"the server is at its limit of {state.config.max_concurrent} concurrent requests"
-                            f" and {state.config.max_queued} queued; retry shortly",
-                       headers={"Retry-After": str(state.config.retry_after)})
+        raise state.overloaded()
 
     def start(lease: Lease) -> Iterator[AudioChunk]:
         reference = inline_reference(state, p, lease)
