@@ -52,7 +52,7 @@ def main() -> None:
     differ = sum(a != b for s in seeds for a, b in zip(solo[s], batched[s]))
     first = {s: next((i for i, (a, b) in enumerate(zip(solo[s], batched[s])) if a != b), None) for s in seeds}
     print(f"batched (width {args.width}) vs alone: {differ} of {sum(map(len, solo.values()))} positions differ; "
-          f"first differing position per seed: {first}; batch {driver.model.batcher.stats()}")
+          f"first differing position per seed: {first}; batch {driver.model.batch_loop().stats()}")
 
 
 if __name__ == "__main__":

@@ -228,7 +228,7 @@ def check_batch(device: torch.device, tokens: int, seeds: int, levels: list[int]
             start = time.perf_counter()
             got = list(pool.map(draw, range(seeds)))
             wall = time.perf_counter() - start
-        batcher = driver.model.batcher
+        batcher = driver.model.batch_loop()
         mode = "graphs" if graphs else "eager"
         runs[mode] = got
         row = {"lm_tokens_per_s": seeds * tokens / wall, "captured": batcher.batch_step.captured,

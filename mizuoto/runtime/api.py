@@ -227,7 +227,12 @@ class Runtime:
             self._check_open()
             self._loading.add(executor)  # close() joins it
         try:
-            model = self._load_on(executor, lambda: self.registry.engine_class(engine)().load(path, opts), lease)
+            def build() -> Any:
+                made = self.registry.engine_class(engine)().load(path, opts)
+                if isinstance(made, Model):
+                    made.batch_loop()  # a batching model's batch is made (its layers packed) as it loads
+                return made
+            model = self._load_on(executor, build, lease)
             if not isinstance(model, Model):
                 raise ModelLoadError(f"engine {engine!r} returned a {type(model).__name__}, not a Model")
         except BaseException as e:

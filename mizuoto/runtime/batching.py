@@ -250,6 +250,8 @@ class DecodeBatcher(Executor):
                     return
                 if isinstance(item, BaseException):
                     raise item
+                if lease is not None:  # tokens that keep coming never end the wait above: a cancel ends the sequence
+                    lease.check("while its LM ran")
                 yield item
         finally:
             waiting = False

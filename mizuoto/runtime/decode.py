@@ -258,16 +258,22 @@ class GraphDraw:
 
 
 class TokenSteps(Protocol):
-    """What an engine's token loop drives: `DecodeSteps` alone, or a `runtime.batching.Row` in a batch."""
+    """What an engine's token loop drives (runtime.sequence): `AloneSteps` over `DecodeSteps`, or `RowSteps` in a batch.
 
-    def attach(self, cache: Any) -> "TokenSteps":
-        """Decode over `cache` (the KV cache the engine made for this sequence); returns the steps."""
+    A `runtime.batching.Row` (and `DecodeSteps` itself) is one row of it: `attach(cache)` takes one cache.
+    """
+
+    def attach(self, alone: Callable[[], Any], row: Callable[[], Any] | None = None) -> "TokenSteps":
+        """Decode over the caches these make: `alone()` the whole sequence's, `row()` one batch row's."""
 
     def scores(self, inputs: torch.Tensor) -> torch.Tensor:
-        """Feed (1, T, hidden) inputs; the head's output for the last position."""
+        """Feed (R, T, hidden) inputs; the head's output for the last position."""
 
     def draw(self, scores: torch.Tensor, decoded: Sequence[int], generator: torch.Generator | None) -> int:
         """One token id from `scores`."""
+
+    def compute(self, fn: Callable[[], Any]) -> Any:
+        """fn() where the passes run."""
 
     def external(self, items: Iterable[Any]) -> Iterable[Any]:
         """`items` the loop waits for between steps (streamed text)."""

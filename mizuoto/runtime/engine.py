@@ -16,6 +16,7 @@ import torch
 from mizuoto.errors import AudioError, InvalidRequest
 from mizuoto.runtime.executor import Executor  # the type of Model.executor (a batching LM brings its own)
 from mizuoto.runtime.lease import current as current_lease
+from mizuoto.runtime.sequence import AloneSteps, RowSteps, Sequence
 from mizuoto.runtime.request_options import RequestOption, check_declared, check_given, resolve_options  # noqa: F401 (public here)
 
 # Synthesis modes (see docs/architecture.md):
@@ -288,9 +289,14 @@ class Stage:
     # the most one call of this stage may need for a request (None: its `memory`); a batched model's
     # rows join only while every row's largest call fits beside the others' reserves
     bound_memory: Callable[[SynthesisRequest | None], int] | None = field(default=None, compare=False)
+    # a sequence stage's decoder, head and sampler (runtime.sequence.Sequence): the runtime runs its token
+    # loop (`Model.decode`), alone or in the model's continuous batch
+    sequence: Sequence | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fixed", frozenset(self.fixed))
+        if self.sequence is not None and self.kind != "sequence":
+            raise InvalidRequest(f"stage {self.name!r}: only a sequence stage declares a Sequence")
         if not isinstance(self.name, str) or not self.name:
             raise InvalidRequest("stage name must be a non-empty string")
         if self.kind not in STAGE_KINDS:
@@ -326,26 +332,30 @@ class Stage:
 class Model(abc.ABC):
     """A loaded model. Engines subclass it; the runtime drives it only through these members.
 
-    Engine code wraps each stage's work in `with self.use(stage_name) as device:` so the
-    runtime can bring that stage's modules onto the device first, and submits heavy work with
-    `self.submit(fn, kind=...)`; both go through the model's executor (a no-op placement when
-    the model runs outside a runtime) and take the lease of the request whose code runs
-    (`runtime.lease.current`, set by the runtime): engine code never passes one. An engine sets
-    `stages` and `capabilities` when it loads (attributes, or properties of its own).
+    Engines compute; the runtime runs (engine contract v2). An engine's request code states each
+    piece of heavy work as `self.compute(stage, fn, **sizes)`: the runtime reserves the call's
+    working memory for its sizes, runs fn on the model's one compute thread with the stage's
+    modules placed, and bounds every wait by the request's lease. A sequence stage's token loop is
+    run by `self.decode(stage, loop)`, alone or in the model's continuous batch (runtime.sequence).
+    Engine code never passes a lease nor picks a thread (the runtime sets the request's context,
+    `runtime.lease.current`). An engine sets `stages` and `capabilities` when it loads (attributes,
+    or properties of its own). `use`, `room` and `submit` are the runtime's mechanics under
+    `compute` and `decode`, not for engines.
     """
 
     stages: tuple[Stage, ...]  # the model's stages in the order a request runs through them
     capabilities: Capabilities  # what this model can do (may change, e.g. when a voice is added)
-    # Requests the model runs at once: above 1 its sequence stage batches them (runtime.batching)
-    # and its stage calls take turns (one `use` block at a time).
+    # Requests the model runs at once: above 1 its sequence stage (one that declares a `Sequence`) batches
+    # them (runtime.batching) and its stage calls take turns (one `use` block at a time).
     batch_width: int = 1
     # The model's one compute thread (`Executor`): every stage call of its requests runs there, and
     # the runtime's placement of its modules is a property of it (`Executor.placement`). The runtime
-    # gives it one when it adopts the model (an LM that batches brings its batch loop instead). At
-    # width 1 the runtime runs each step of the `synthesize` iterator there, one request at a time;
-    # above it, each request's iterator runs in its own thread and its compute goes there through
-    # `submit` (so requests interleave there, and one waiting for streamed text holds no turn).
+    # gives it one when it adopts the model: its continuous batch when it batches (`batch_loop`), a
+    # plain Executor else. At width 1 the runtime runs each step of the `synthesize` iterator there,
+    # one request at a time; above it, each request's iterator runs in its own thread and its compute
+    # goes there (so requests interleave there, and one waiting for streamed text holds no turn).
     executor: Executor | None = None
+    _batch: Executor | None = None  # the continuous batch, once made (batch_loop)
 
     def voices(self) -> list[Voice]:
         """Preset and cached voices."""
@@ -376,7 +386,93 @@ class Model(abc.ABC):
         raise InvalidRequest(f"{type(self).__name__} cannot remove cached voices")
 
     def close(self) -> None:
-        """Release what the model holds; it is not used afterwards."""
+        """Release what the model holds; it is not used afterwards (an override calls this too)."""
+        batch, self._batch = self._batch, None
+        if batch is not None:
+            batch.close()  # answers what still waits and joins its loop
+            if self.executor is batch:
+                self.executor = None
+
+    # -- what engines compute with ------------------------------------------------------------
+    def compute(self, stage: str | None, fn: Callable[[torch.device | None], Any], *, kind: str | None = None,
+                urgent: bool = False, reserve: Mapping[str, Mapping[str, int]] | None = None, **sizes: int) -> Any:
+        """fn(device) on the model's compute thread with `stage`'s modules placed on `device`; fn's result.
+
+        `sizes`: the call's input sizes when the stage declares `call_memory` (its working memory is
+        reserved for the call first, in the request's thread, waiting for room like admission);
+        `reserve`: other stages' calls fn makes inside (nested `compute`s), reserved with this one
+        (stage -> sizes, at most what they will be). `stage=None`: fn places nothing itself (each
+        nested `compute` does), device None. `kind` names the work in the loop's timings (default:
+        the stage); `urgent`: a request's first audio, which a batch loop runs ahead of its other work.
+        The request's cancel or deadline ends every wait here (RequestCancelled).
+        """
+        # `reserve` is for a call sent to a batch loop, which must never wait for room; a model running one
+        # request at a time may wait on its compute thread: each nested compute reserves its own, as it comes
+        batched = self.batch_width > 1 and not (self.executor is not None and self.executor.on_thread())
+        rooms = dict(reserve or {}) if batched else {}
+        if stage is not None and sizes:
+            rooms = {stage: sizes, **rooms}
+        with contextlib.ExitStack() as stack:
+            for name, call_sizes in rooms.items():
+                stack.enter_context(self.room(name, **call_sizes))
+
+            def run() -> Any:
+                if stage is None:
+                    return fn(None)
+                with self.use(stage) as device:
+                    return fn(device)
+            return self.submit(run, kind=kind or stage or "call", urgent=urgent)
+
+    def decode(self, stage: str, loop: Callable[[Any], Iterator[int]], *, alone: bool = False,
+               **sizes: int) -> Iterator[int]:
+        """The tokens of the engine's token loop `loop(steps)` on `stage`'s sequence (runtime.sequence).
+
+        The model's continuous batch runs it when the model batches (unless `alone`: the request by
+        itself on this thread, a benchmark's single-request figures), else it runs alone here with
+        one stage call per token. `sizes`: the whole generation's call sizes (`call_memory`),
+        reserved while the tokens are read.
+        """
+        spec = self.stage(stage).sequence
+        room = self.room(stage, **sizes) if sizes else contextlib.nullcontext()
+        with room:
+            batch = None if alone else self.batch_loop()
+            if batch is not None and spec is not None:
+                yield from batch.run(lambda rows: loop(RowSteps(rows if isinstance(rows, tuple) else (rows,), spec)),
+                                     rows=spec.rows)
+                return
+            tokens = iter(loop(AloneSteps(spec)))
+            try:
+                while True:
+                    # per token: in a streaming request the flow and vocoder run between two tokens
+                    with self.use(stage) as device, (spec.context(device) if spec is not None and spec.context
+                                                     else contextlib.nullcontext()):
+                        token = next(tokens, None)
+                    if token is None:
+                        return
+                    yield token
+            finally:
+                close = getattr(tokens, "close", None)
+                if close is not None:
+                    close()
+
+    def batch_loop(self) -> Executor | None:
+        """The model's continuous batch (runtime.batching), made on the first call when `batch_width` > 1 and a
+        sequence stage declares a `Sequence` with a decoder (its layers packed then, at load, if it allows);
+        it is then the model's executor. None for a model that runs one request at a time."""
+        if self._batch is not None or self.batch_width <= 1:
+            return self._batch
+        found = next(((s.name, s.sequence) for s in self.stages if s.sequence is not None and s.sequence.batches),
+                     None)
+        if found is None:
+            return None
+        from mizuoto.runtime.batching import DecodeBatcher  # the batch's machinery only for a model that batches
+
+        name, spec = found
+        self._batch = DecodeBatcher(spec.decoder, spec.row_head or spec.head, self.batch_width * spec.rows,
+                                    lambda: self.use(name), spec.sampler, name=f"{name}-{type(self).__name__}",
+                                    pack=spec.pack, cuda_graphs=spec.cuda_graphs)
+        self.executor = self._batch
+        return self._batch
 
     def submit(self, fn: Callable[[], Any], lease: Any = None, kind: str = "call", *, urgent: bool = False) -> Any:
         """fn() on the model's executor with the request's lease (at once when already there, or with no executor).

@@ -145,6 +145,10 @@ class Executor:
         job = self._running
         return job.lease if job is not None and threading.current_thread() is self._thread else None
 
+    def on_thread(self) -> bool:
+        """Whether the caller runs on the executor's own thread."""
+        return threading.current_thread() is self._thread
+
     def check_open(self) -> None:
         """RequestCancelled once the executor was closed (its model is closing)."""
         if self.closed:

@@ -6,10 +6,10 @@ lease's cancel or deadline. A stage call checks the lease of the request whose c
 (`runtime.lease.current`, set around each step of the engine's iterator and each compute call).
 
 Executor: all of a model's heavy compute runs on one long-lived thread (`runtime.executor`). A
-model whose LM batches brings its own (its batch loop, `Model.executor`); any other model is
-given the scheduler's Executor. At width 1 each step of the engine's chunk iterator runs there
+model whose LM batches runs it on its continuous batch's loop (`Model.batch_loop`, made from the
+sequence stage it declares); any other model is given the scheduler's Executor. At width 1 each step of the engine's chunk iterator runs there
 (one request at a time, so its steps run in order); above it, each request's iterator runs in its
-own thread and submits its compute there (`Model.submit`). The scheduler is that executor's
+own thread and sends its compute there (`Model.compute`, `Model.decode`). The scheduler is that executor's
 placement, set once when it is made: the model's stage calls (`Model.use`) and call reservations
 (`Model.room`) come here through it (`place`, `reserve`).
 
@@ -82,7 +82,7 @@ class Scheduler:
         self._queue: list[Request] = []
         self._arrivals = itertools.count()
         self.finished: collections.deque[Request] = collections.deque(maxlen=RECENT)  # the last ones, for requests()
-        own = getattr(model, "executor", None)
+        own = model.batch_loop()  # a batching model's continuous batch, made now (at load) if not yet
         # `executor`: the one the model was loaded on, kept for its requests (unless it brings its own)
         self.executor: Executor = own if own is not None else executor if executor is not None else Executor(name)
         # A model running one request at a time has each step of its chunk iterator run on the executor here. One
@@ -328,6 +328,9 @@ class Scheduler:
             while True:
                 with within(lease):
                     chunk = next(chunks, _END)
+                # a cancel or deadline that came during the step's last stage call ends the request here
+                # (on a batched model no later stage call of this request would see it)
+                lease.check("after its stage call")
                 if chunk is _END:
                     return
                 yield chunk

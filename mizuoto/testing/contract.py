@@ -6,8 +6,9 @@ Run it on your own engine (installed so its `mizuoto.engines` entry point is vis
         pytest --pyargs mizuoto.testing.contract
 
 or from a test module of your own: set `CONTRACT_MODELS = [...]` (model dirs, or a function
-returning them) and optionally `CONTRACT_ENGINES = [...]`, then `from mizuoto.testing.contract
-import *`. Directories offered by plugins' `mizuoto_example_models` hook are added. Engines named
+returning them), optionally `CONTRACT_ENGINES = [...]` and `CONTRACT_OPTIONS` (the load options
+every model is loaded with, e.g. `{"compute": {"batch": 4}}` to check a model in its continuous
+batch, or a function of the model dir giving them), then `from mizuoto.testing.contract import *`. Directories offered by plugins' `mizuoto_example_models` hook are added. Engines named
 explicitly must import; by default every importable registered engine is checked, and every
 engine checked needs at least one model directory that it detects.
 
@@ -51,13 +52,19 @@ REF_TEXT = "A short reference sentence."
 
 @dataclass(frozen=True)
 class Case:
-    """One model directory of one engine."""
+    """One model directory of one engine, loaded with `options` (load options as json; "{}": the defaults)."""
 
     engine: str
     model_dir: Path
+    options: str = "{}"
 
     def __str__(self) -> str:
-        return f"{self.engine}:{self.model_dir.parent.name}/{self.model_dir.name}"
+        given = json.loads(self.options)
+        return f"{self.engine}:{self.model_dir.parent.name}/{self.model_dir.name}" + (f"[{self.options}]" if given else "")
+
+    def load_options(self) -> dict:
+        """The load options the case's model is loaded with."""
+        return json.loads(self.options)
 
 
 def _wanted_engines(module) -> list[str]:
@@ -81,13 +88,19 @@ def _detects(name: str, model_dir: Path) -> bool:
     return bool(default_registry().engine_class(name)().detect(model_dir))
 
 
+def _options(module, model_dir: Path) -> str:
+    """CONTRACT_OPTIONS of the test module for `model_dir` (a dict, or a function of the dir), as json."""
+    given = getattr(module, "CONTRACT_OPTIONS", None) or {}
+    return json.dumps((given(model_dir) if callable(given) else given) or {}, sort_keys=True)
+
+
 def _cases(module, engines: list[str]) -> list[Case]:
     cases = []
     for d in _model_dirs(module):
         for name in engines:
             try:
                 if _detects(name, d):
-                    cases.append(Case(name, d))
+                    cases.append(Case(name, d, _options(module, d)))
             except Exception:  # kept out of collection; test_engine_has_a_model fails on it, naming it
                 continue
     return cases
@@ -118,7 +131,7 @@ def pytest_generate_tests(metafunc) -> None:
 @functools.lru_cache(maxsize=None)
 def _loaded(case: Case) -> tuple[Runtime, str]:
     rt = Runtime()
-    return rt, rt.load(case.model_dir, engine=case.engine)
+    return rt, rt.load(case.model_dir, engine=case.engine, **case.load_options())
 
 
 def _reference(caps: Capabilities | None = None) -> tuple[torch.Tensor, int]:
@@ -232,7 +245,8 @@ def test_synthesize_every_mode(case):
     taking turns under the scheduler; across the modes every declared stage is entered through use(),
     and every stage that declares call_memory reserves its calls through Model.room."""
     # a model of its own: the scheduler made here is its executor's placement
-    model = default_registry().engine_class(case.engine)().load(case.model_dir, parse_options().resolved())
+    options = parse_options(**case.load_options()).resolved()
+    model = default_registry().engine_class(case.engine)().load(case.model_dir, options)
     caps = model.capabilities
     sizes = measure(model.stages, None, "cpu")
     turns = Plan(case.model_dir.name, "cpu", 0, False, sizes, (), run_groups(sizes, False), 0)
@@ -476,7 +490,7 @@ def test_voice_export_import_remove(case):
 def test_voice_survives_restart(case, tmp_path):
     """Runtime.add_voice stores the prompt; a new Runtime over the same store restores it: same audio, same seed."""
     with Runtime(voices=tmp_path) as rt:
-        name = rt.load(case.model_dir, engine=case.engine)
+        name = rt.load(case.model_dir, engine=case.engine, **case.load_options())
         caps = rt.model(name).capabilities
         if not caps.voice_cache:
             with pytest.raises(MizuotoError):
@@ -488,7 +502,7 @@ def test_voice_survives_restart(case, tmp_path):
         before = _check_chunks(list(rt.synthesize(name, _cached_voice_request(caps, "contract-kept"))), caps, False)
     assert len(list(tmp_path.rglob("*.safetensors"))) == 1 and len(list(tmp_path.rglob("voice.json"))) == 1
     with Runtime(voices=tmp_path) as rt:
-        name = rt.load(case.model_dir, engine=case.engine)
+        name = rt.load(case.model_dir, engine=case.engine, **case.load_options())
         assert "contract-kept" in [v.id for v in rt.voices(name) if v.kind == "cached"]
         caps = rt.model(name).capabilities
         after = _check_chunks(list(rt.synthesize(name, _cached_voice_request(caps, "contract-kept"))), caps, False)

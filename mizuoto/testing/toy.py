@@ -100,10 +100,10 @@ class ToneModel(Model):
         return 4 * notes * samples
 
     def _listen(self, audio: torch.Tensor, rate: int) -> float:
-        with self.use("listen") as device:
-            probe = self._m["probe"]
+        def probe(device: torch.device) -> float:
             # The probe only scales the estimate by ~1, but it runs where the stage was placed.
-            level = probe(audio.abs().mean().reshape(1, 1).to(device)).tanh().mean().item()
+            return self._m["probe"](audio.abs().mean().reshape(1, 1).to(device)).tanh().mean().item()
+        level = self.compute("listen", probe)
         return _pitch(audio, rate) * (1.0 + 1e-3 * level)
 
     def add_voice(self, voice_id: str, ref_audio, ref_text: str | None = None) -> Voice:
@@ -171,19 +171,24 @@ class ToneModel(Model):
                 phase: float) -> tuple[torch.Tensor, float]:
         """Sine notes continuing from `phase`; returns the audio and the phase it ends on."""
         n = int(NOTE_SECONDS * self.rate / speed)
+        return self.compute("render", lambda device: self._waves(device, notes, f0, n, phase), notes=len(notes),
+                            samples=n)
+
+    def _waves(self, device: torch.device, notes: list[tuple[int, torch.Tensor]], f0: float, n: int,
+               phase: float) -> tuple[torch.Tensor, float]:
+        """The render call, its stage's modules on `device`."""
         out = []
-        with self.room("render", notes=len(notes), samples=n), self.use("render") as device:
-            fade = self._m["window"].fade  # fixed: read where it lives
-            for semitone, emb in notes:
-                freq = f0 * 2.0 ** (semitone / 12)
-                amp = 0.2 + 0.1 * torch.tanh(self._m["gain"](emb.to(device))).item()
-                t = torch.arange(n, dtype=torch.float64)
-                wave = torch.sin(phase + 2 * math.pi * freq * t / self.rate) * amp
-                phase = (phase + 2 * math.pi * freq * n / self.rate) % (2 * math.pi)
-                edge = fade.to("cpu", torch.float64)
-                k = min(edge.numel(), n // 2)
-                wave[:k] *= edge[:k]
-                out.append(wave.float())
+        fade = self._m["window"].fade  # fixed: read where it lives
+        for semitone, emb in notes:
+            freq = f0 * 2.0 ** (semitone / 12)
+            amp = 0.2 + 0.1 * torch.tanh(self._m["gain"](emb.to(device))).item()
+            t = torch.arange(n, dtype=torch.float64)
+            wave = torch.sin(phase + 2 * math.pi * freq * t / self.rate) * amp
+            phase = (phase + 2 * math.pi * freq * n / self.rate) % (2 * math.pi)
+            edge = fade.to("cpu", torch.float64)
+            k = min(edge.numel(), n // 2)
+            wave[:k] *= edge[:k]
+            out.append(wave.float())
         return (torch.cat(out) if out else torch.zeros(0)), phase
 
     def synthesize(self, request: SynthesisRequest) -> Iterator[AudioChunk]:
@@ -192,8 +197,7 @@ class ToneModel(Model):
                                             int(torch.randint(0, 2**31, (1,))))
         notes = self._notes(request, gen)
         if not request.stream:
-            with self.use("notes"):
-                todo = list(notes)
+            todo = self.compute("notes", lambda device: list(notes))
             if not todo:
                 raise InvalidRequest("text has nothing to say (only spaces)", field="text")
             audio, _ = self._render(todo, f0, request.speed, 0.0)
@@ -202,8 +206,7 @@ class ToneModel(Model):
         # Chunks are held back by one so the last can carry final=True.
         phase, index, pending, ready = 0.0, 0, [], None
         while True:
-            with self.use("notes"):
-                item = next(notes, None)
+            item = self.compute("notes", lambda device: next(notes, None))
             if item is not None:
                 pending.append(item)
             if pending and (item is None or len(pending) == CHUNK_NOTES):

@@ -128,6 +128,7 @@ class CosyVoiceBench:
         self.settings = settings
         self.device = device = torch.device(options.device)
         self.model = model
+        model.batch_loop()  # a batching model's batch is made (its layers packed) before anything runs, as at a load
         for stage in self.model.stages:  # placed as a resident plan would: every movable module on the device
             for module in stage.movable().values():
                 module.to(device)
@@ -143,11 +144,12 @@ class CosyVoiceBench:
 
     def use_batch(self, on: bool) -> None:
         """Route `lm` and `stream` through the model's LM batch (the --concurrency sweep) or not."""
-        self._batched = bool(on) and self.model.batcher is not None
+        self._batched = bool(on) and self.model.batch_loop() is not None
 
     def loop_seconds(self) -> dict[str, float]:
         """Where the model's batch loop spent its time so far, by kind of work (none without a batch)."""
-        return self.model.batcher.timings() if self.model.batcher is not None else {}
+        batch = self.model.batch_loop()
+        return batch.timings() if batch is not None else {}
 
     def _request(self) -> dict[str, torch.Tensor]:
         model = self.model

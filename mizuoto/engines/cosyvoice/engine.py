@@ -29,8 +29,6 @@ from mizuoto.nn.vocoders.f0 import f0_device
 from mizuoto.runtime.engine import (MODES, AudioChunk, Capabilities, Engine, Model, Reference, Stage,
                                     SynthesisRequest, Voice, VoicePrompt, check_request)
 from mizuoto.errors import InvalidRequest, MizuotoError, ModelLoadError
-from mizuoto.runtime.batching import DecodeBatcher
-from mizuoto.runtime.graphs import use_cuda_graphs
 from mizuoto.runtime.options import LoadOptions
 
 log = logging.getLogger("mizuoto.cosyvoice")
@@ -105,9 +103,7 @@ class CosyVoiceModel(Model):
         self._segmented: OrderedDict[str, list[str]] = OrderedDict()  # text -> its segments, newest last
         self._segmented_lock = threading.Lock()
         self.schedule = schedule_for(variant.version, self.flow, self.sample_rate)
-        self.batcher = self._batcher(self.options.compute.batch)
-        self.batch_width = self.batcher.width if self.batcher is not None else 1
-        self.executor = self.batcher  # a batched model's stage calls go to its batch loop (runtime.executor)
+        self.batch_width = self._batch_width(self.options.compute.batch)
         self._audio_ok = not self.frontend.missing_files(need_audio=True)
         self._text_ok = not self.frontend.missing_files(need_audio=False)
         front_modules = {}
@@ -120,7 +116,8 @@ class CosyVoiceModel(Model):
                              self.schedule_mel_frames)
         self.stages = (
             Stage("frontend", "frontend", front_modules, fixed={"campplus"} & set(front_modules)),
-            Stage("llm", "sequence", {"llm": self.llm}, memory=admitted["llm"], call_memory=calls["llm"]),
+            Stage("llm", "sequence", {"llm": self.llm}, memory=admitted["llm"], call_memory=calls["llm"],
+                  sequence=self._sequence(device)),
             Stage("flow", "frames", {"flow": self.flow}, memory=admitted["flow"], call_memory=calls["flow"],
                   bound_memory=admitted["flow_bound"]),
             Stage("hift", "frames", dict(self.hift.named_children()), fixed=fixed_hift,
@@ -153,27 +150,40 @@ class CosyVoiceModel(Model):
         return self.flow.mel_frames(tokens) if self.variant.version == 1 else self.schedule.token_mel_ratio * tokens
 
     def _cuda_graphs(self, device: torch.device) -> dict[str, bool]:
-        """The LM's `cuda_graphs` argument; when requested but impossible, log why once, here."""
-        requested = self.options.compute.cuda_graphs
-        if not hasattr(self.llm, "generate_bistream"):  # v1's wenet LM has no graphed step
-            use_cuda_graphs(requested, device, "the LM", "CosyVoice 1's LM has no graphed decode step")
-            return {}
-        why = None if self.options.compute.kv_cache == "static" else "it needs compute.kv_cache=static"
-        return {"cuda_graphs": use_cuda_graphs(requested, device, "the LM", why)}
+        """The LM's `cuda_graphs` argument (none for CosyVoice 1's LM); when requested but impossible, log why once."""
+        qwen = hasattr(self.llm, "generate_bistream")  # v1's wenet LM has no graphed decode step
+        why = None
+        if not self.options.compute.cuda_graphs:
+            return {"cuda_graphs": False} if qwen else {}
+        if not qwen:
+            why = "CosyVoice 1's LM has no graphed decode step"
+        elif self.options.compute.kv_cache != "static":
+            why = "it needs compute.kv_cache=static"
+        elif device.type != "cuda":
+            why = f"CUDA graphs need a CUDA device, not {device}"
+        if why is not None:
+            log.warning("compute.cuda_graphs is on but has no effect for the LM: %s; running eagerly", why)
+        return {"cuda_graphs": why is None} if qwen else {}
 
-    def _batcher(self, width: int) -> DecodeBatcher | None:
-        """The LM's continuous batch when compute.batch > 1 (Qwen LMs; CosyVoice 1 runs one request at a time)."""
-        if width <= 1:
-            return None
-        if not isinstance(self.llm, QwenSpeechLM):
+    def _batch_width(self, width: int) -> int:
+        """Requests the LM's continuous batch runs at once (compute.batch; CosyVoice 1's LM runs one at a time)."""
+        if width > 1 and not isinstance(self.llm, QwenSpeechLM):
             log.warning("CosyVoice 1's LM does not batch: %s runs one request at a time", self.model_dir)
+            return 1
+        return max(1, width)
+
+    def _sequence(self, device: torch.device) -> Any:
+        """The LM as the runtime runs it (Qwen LMs; CosyVoice 1's wenet LM runs its own passes)."""
+        if not isinstance(self.llm, QwenSpeechLM):
             return None
-        device = torch.device(self.options.device)
-        # the batch's steps write each row's cache eagerly between the graphs: any cache kind will do
-        graphs = use_cuda_graphs(self.options.compute.cuda_graphs, device, "the LM's batched steps")
-        # the LM is built on the CPU and placed later: the batch packs its layers only if it stays there
-        return DecodeBatcher(self.llm.llm, self.llm.step_head, width, lambda: self.use("llm"), self.llm.sampler,
-                             name=self.model_dir.name, pack=device.type == "cpu", cuda_graphs=graphs)
+        # the LM is built on the CPU and placed later: a batch packs its layers only if it stays there
+        return self.llm.sequence(self._graphs_arg.get("cuda_graphs", False), pack=device.type == "cpu",
+                                 context=self._autocast)
+
+    def _autocast(self, device: torch.device) -> Any:
+        """Upstream's fp16: `torch.cuda.amp.autocast(fp16)` around the LM's token loop (CUDA only)."""
+        return torch.autocast("cuda", dtype=torch.float16,
+                              enabled=self.options.precision == "fp16" and torch.device(device).type == "cuda")
 
     def _capabilities(self) -> Capabilities:
         modes = set()
@@ -242,8 +252,7 @@ class CosyVoiceModel(Model):
         self.capabilities = self._capabilities()
 
     def close(self) -> None:
-        if self.batcher is not None:
-            self.batcher.close()
+        super().close()  # the continuous batch, if it batches
         self.llm = self.flow = self.hift = None
 
     # -- spk2info ------------------------------------------------------------------------------
@@ -268,7 +277,7 @@ class CosyVoiceModel(Model):
     # -- synthesis -----------------------------------------------------------------------------
     def synthesize(self, request: SynthesisRequest) -> Iterator[AudioChunk]:
         """Upstream's inference for the request's mode (the runtime bounds every wait and stage call by the request's
-        lease: `Model.use`, `room` and `submit` and the batch read it from the request's context)."""
+        lease, read from the request's context: `compute` and `decode` take none)."""
         request = check_request(request, self, self.model_dir.name)
         self._check(request)
         inputs = self._inputs(request)  # everything that can fail on bad input, before any audio
@@ -286,20 +295,18 @@ class CosyVoiceModel(Model):
                                  f"or instruct); got mode {request.mode!r} on CosyVoice {self.variant.version}",
                                  field="text")
 
-    def synthesizer(self, with_lm: bool = True, batched: bool = True, lease: Any = None,
-                    **lm_options: Any) -> Synthesizer:
+    def synthesizer(self, with_lm: bool = True, batched: bool = True, **lm_options: Any) -> Synthesizer:
         """The request runner over this model's own stages (upstream's model.tts for one model input).
 
         `lm_options` go to the LM's `generate` beside the load options' KV cache and CUDA graphs
         (the bench passes its stop suppression and length ratio here). `batched=False` runs the LM
-        in the calling thread even when the model batches (the bench's single-request figures).
-        `lease`: the request's, checked by every stage call and wait.
+        by itself in the calling thread even when the model batches (the bench's single-request figures).
         """
         options = {"cache": self.options.compute.kv_cache, **self._graphs_arg, **lm_options}
         return Synthesizer(self.schedule, lm=self.llm if with_lm else None, flow=self.flow, hift=self.hift,
-                           use=self.use, room=self.room, precision=self.options.precision, lm_options=options,
-                           token_filter=drop_silent_runs if self.variant.version == 3 else None,
-                           batcher=self.batcher if batched else None, lease=lease, submit=self.submit)
+                           compute=self.compute, decode=self.decode, precision=self.options.precision,
+                           lm_options=options, token_filter=drop_silent_runs if self.variant.version == 3 else None,
+                           alone=not batched)
 
     def _chunks(self, synth: Synthesizer, inputs: list[dict], request: SynthesisRequest,
                 lm_gen: torch.Generator, voc_gen: torch.Generator) -> Iterator[AudioChunk]:
@@ -323,22 +330,18 @@ class CosyVoiceModel(Model):
             yield AudioChunk(piece, self.sample_rate, index, final)
             index += 1
 
-    def _frontend(self, fn: Any, lease: Any = None) -> Any:
-        """fn() inside `use("frontend")`, submitted to the model's compute thread."""
-        def run() -> Any:
-            with self.use("frontend", lease):
-                return fn()
-        return self.submit(run, lease, "frontend")
+    def _frontend(self, fn: Any) -> Any:
+        """fn() on the model's compute thread with the front end's modules placed."""
+        return self.compute("frontend", lambda device: fn())
 
-    def _voice(self, request: SynthesisRequest, need_text: bool, aligned: bool = True,
-               lease: Any = None) -> dict[str, torch.Tensor]:
+    def _voice(self, request: SynthesisRequest, need_text: bool, aligned: bool = True) -> dict[str, torch.Tensor]:
         voice = request.voice
         if isinstance(voice, Reference):
             if not self._audio_ok:
                 raise InvalidRequest(f"{self.model_dir} cannot take voices from audio: it lacks "
                                      f"{', '.join(self.frontend.missing_files(need_audio=True))}")
             return self._frontend(lambda: self.frontend.voice_prompt(voice.audio, voice.text if need_text else None,
-                                                                     aligned), lease)
+                                                                     aligned))
         with self._voices_lock:
             if voice in self.presets:
                 return self.presets[voice]
@@ -346,15 +349,15 @@ class CosyVoiceModel(Model):
                 return self.cached[voice]
         raise InvalidRequest(f"unknown voice {voice!r} for {self.model_dir.name}", field="voice")
 
-    def _inputs(self, request: SynthesisRequest, lease: Any = None) -> list[dict]:
+    def _inputs(self, request: SynthesisRequest) -> list[dict]:
         """Model inputs, one per text segment; the voice and text are checked before returning."""
         mode = request.mode
         if mode == "vc":
             # upstream's frontend_vc keeps the whole reference (no 2:1 mel/token cut)
-            prompt = self._voice(request, need_text=False, aligned=False, lease=lease)
+            prompt = self._voice(request, need_text=False, aligned=False)
             if "flow_prompt_speech_token" not in prompt:
                 raise InvalidRequest("voice conversion needs a reference voice, not a preset speaker", field="voice")
-            source = self._frontend(lambda: self.frontend.speech_tokens(request.source_audio), lease)
+            source = self._frontend(lambda: self.frontend.speech_tokens(request.source_audio))
             keep = ("flow_prompt_speech_token", "prompt_speech_feat", "flow_embedding")
             return [{**{k: prompt[k] for k in keep}, "source_speech_token": source}]
         is_preset = isinstance(request.voice, str) and request.voice in self.presets
@@ -363,7 +366,7 @@ class CosyVoiceModel(Model):
                                  f"{', '.join(self.presets) or 'none'})", field="voice")
         if mode == "preset" and not is_preset:
             raise InvalidRequest(f"{request.voice!r} is not a preset voice of this model", field="voice")
-        prompt = self._voice(request, need_text=mode == "clone", lease=lease)
+        prompt = self._voice(request, need_text=mode == "clone")
         if mode in ("clone", "cross_lingual", "instruct") and self.variant.instruct_mode == "instruct2" \
                 and "flow_prompt_speech_token" not in prompt:
             raise InvalidRequest(f"mode {mode!r} on CosyVoice {self.variant.version} needs a reference "

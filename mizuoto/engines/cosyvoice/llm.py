@@ -10,7 +10,7 @@ Decoding runs `2 * len(text)` .. `20 * len(text)` steps (prompt text excluded); 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +20,7 @@ from mizuoto.engines.cosyvoice.sampling import Sampler
 from mizuoto.nn.transformer.wenet import ConformerEncoder, TransformerEncoder
 from mizuoto.errors import InvalidRequest, MizuotoError, ModelLoadError
 from mizuoto.runtime.convert.checkpoint import load_checkpoint, read_checkpoint
-from mizuoto.runtime.decode import DecodeSteps
+from mizuoto.runtime.sequence import AloneSteps, Sequence
 from mizuoto.nn.lm.decoder import DecoderConfig, Decoder
 
 VARIANTS = ("Qwen2LM", "CosyVoice3LM")  # on a Qwen2 decoder
@@ -48,12 +48,6 @@ def drop_silent_runs(tokens: Iterable[int]) -> Iterator[int]:
         else:
             run = 0
         yield token
-
-
-def _compute(row: Any | None, fn: Callable[[], Any]) -> Any:
-    """fn() here, or on a batch row's compute thread (`Row.compute`): building LM inputs there keeps
-    this thread from starting an OpenMP team of its own (docs/performance.md, "Threads")."""
-    return fn() if row is None else row.compute(fn)
 
 
 def _row(tokens: torch.Tensor | None, name: str) -> torch.Tensor:
@@ -143,20 +137,21 @@ class QwenSpeechLM(nn.Module):
         can fill. On CUDA the draw waits on the device once per token and, with `cuda_graphs`
         and a static cache, the one-token step replays CUDA graphs (same tokens); elsewhere this
         is upstream's loop and `cuda_graphs` a logged no-op. `suppress_stop` (benchmarks, not
-        upstream) masks every stop id at every step, so exactly `max_len` tokens come. `steps`
-        (a `runtime.batching.Row`) takes the cache (`attach`) and runs the forward passes and the
-        building of the LM input (`compute`) on its batch loop's thread instead of this one.
+        upstream) masks every stop id at every step, so exactly `max_len` tokens come. `steps`: the
+        runtime's, when it runs this loop (`Model.decode`: alone, or as a row of the model's batch,
+        which then runs the passes and builds the LM input on its loop's thread); None: alone here.
         """
         text, prompt_text = _row(text, "text"), _row(prompt_text, "prompt_text")
         prompt_speech_token = _row(prompt_speech_token, "prompt_speech_token")
-        lm_input = _compute(steps, lambda: self.lm_input(text, prompt_text, prompt_speech_token))
+        steps = self._steps(cuda_graphs, steps)
+        lm_input = steps.compute(lambda: self.lm_input(text, prompt_text, prompt_speech_token))
         min_len = _scaled(text.shape[1], min_token_text_ratio)
         max_len = _scaled(text.shape[1], max_token_text_ratio)
         need = self.cache_positions(lm_input.shape[1], text.shape[1], max_token_text_ratio)
         if cache == "static" and 0 < cache_len < need:
             raise InvalidRequest(f"a static KV cache of {cache_len} positions is too small: "
                                  f"this request can fill {need}")
-        steps = self._steps(self.llm.new_cache(cache, cache_len or need), cuda_graphs, steps)
+        steps.attach(lambda: self.llm.new_cache(cache, cache_len or need))
         out_tokens: list[int] = []
         for i in range(max_len):
             scores = steps.scores(lm_input)
@@ -173,14 +168,17 @@ class QwenSpeechLM(nn.Module):
         """Log-probabilities of the next token from normed hidden states (B, T, H): (V,) for B = 1, else (B, V)."""
         return self.llm_decoder(hidden[:, -1]).log_softmax(dim=-1).squeeze(dim=0)
 
-    def _steps(self, kv, cuda_graphs: bool, steps: Any | None = None) -> Any:
-        if steps is not None:
-            return steps.attach(kv)
-        # off CUDA: decoder + head and upstream's sampler, exactly upstream's loop
-        return DecodeSteps(self.llm, kv, self.step_head, self.sampler, cuda_graphs=cuda_graphs,
-                           what=f"the {self.variant} LM")
+    def sequence(self, cuda_graphs: bool = False, **declared: Any) -> Sequence:
+        """What the runtime runs this LM's token loop over (runtime.sequence): its decoder, head and sampler."""
+        return Sequence(decoder=self.llm, head=self.step_head, sampler=self.sampler, cuda_graphs=cuda_graphs,
+                        what=f"the {self.variant} LM", **declared)
 
-    def _draw(self, steps: DecodeSteps, scores: torch.Tensor, out_tokens: list[int],
+    def _steps(self, cuda_graphs: bool, steps: Any | None = None) -> Any:
+        # the runtime's steps when it runs the loop; by itself, the runtime's alone steps over this LM (off CUDA:
+        # decoder + head and upstream's sampler, exactly upstream's loop)
+        return steps if steps is not None else AloneSteps(self.sequence(cuda_graphs))
+
+    def _draw(self, steps: Any, scores: torch.Tensor, out_tokens: list[int],
               generator: torch.Generator | None, ignore_eos: bool) -> int:
         if ignore_eos:
             # Only the first stop id is masked, as upstream does: v3 (eos = n + 1) and the
@@ -232,13 +230,13 @@ class QwenSpeechLM(nn.Module):
                 text_cache, speech = text_cache[:, n_text:], speech[:, n_speech:]
             return lm_input, text_cache, speech
 
-        lm_input, text_cache, speech = _compute(steps, prelude)
+        steps = self._steps(cuda_graphs, steps)
+        lm_input, text_cache, speech = steps.compute(prelude)
         next_fill = (int(prompt_speech_token.shape[1] / n_speech) + 1) * n_speech - prompt_speech_token.shape[1]
-        row = steps  # the batch row (or None); `steps` becomes what decodes
-        steps = self._steps(self.llm.new_cache(cache, cache_len), cuda_graphs, steps)
+        steps.attach(lambda: self.llm.new_cache(cache, cache_len))
         out: list[int] = []
         for piece in steps.external(text):
-            lm_input, text_cache, speech = _compute(row, lambda: take_piece(piece, lm_input, text_cache, speech))
+            lm_input, text_cache, speech = steps.compute(lambda: take_piece(piece, lm_input, text_cache, speech))
             if speech.shape[1] != 0:
                 continue
             after_fill = bool(out) and out[-1] == self.fill_token
@@ -246,7 +244,7 @@ class QwenSpeechLM(nn.Module):
                 if text_cache.shape[1] < n_text:
                     continue
                 head = text_cache[:, :n_text]
-                lm_input = head if after_fill else _compute(row, lambda: torch.concat([lm_input, head], dim=1))
+                lm_input = head if after_fill else steps.compute(lambda: torch.concat([lm_input, head], dim=1))
                 text_cache = text_cache[:, n_text:]
             while True:
                 scores = steps.scores(lm_input)
@@ -267,7 +265,7 @@ class QwenSpeechLM(nn.Module):
                                        "(upstream raises here too)")
                 yield token
                 lm_input = self.speech_embedding.weight[token].reshape(1, 1, -1)
-        lm_input = _compute(row, lambda: torch.concat([lm_input, text_cache, self._special("task_id")], dim=1))
+        lm_input = steps.compute(lambda: torch.concat([lm_input, text_cache, self._special("task_id")], dim=1))
         while True:
             token = self._draw(steps, steps.scores(lm_input), out, generator, ignore_eos=False)
             out.append(token)
@@ -332,11 +330,13 @@ class TransformerSpeechLM(nn.Module):
                  prompt_speech_token: torch.Tensor | None = None, *,
                  generator: torch.Generator | None = None, embedding: torch.Tensor | None = None,
                  cache: str = "dynamic", max_token_text_ratio: float = MAX_TOKEN_TEXT_RATIO,
-                 min_token_text_ratio: float = MIN_TOKEN_TEXT_RATIO, suppress_stop: bool = False) -> Iterator[int]:
+                 min_token_text_ratio: float = MIN_TOKEN_TEXT_RATIO, suppress_stop: bool = False,
+                 steps: Any | None = None) -> Iterator[int]:
         """Yield speech token ids as upstream's TransformerLM.inference does.
 
-        The wenet LM keeps its own growing cache (`cache` is accepted for a uniform call);
-        `suppress_stop` (benchmarks) keeps it speaking to its maximum length.
+        The wenet LM keeps its own growing cache and runs its own passes (`cache` and the runtime's
+        `steps` are accepted for a uniform call: it never batches); `suppress_stop` (benchmarks)
+        keeps it speaking to its maximum length.
         """
         text, prompt_text = _row(text, "text"), _row(prompt_text, "prompt_text")
         prompt_speech_token = _row(prompt_speech_token, "prompt_speech_token")

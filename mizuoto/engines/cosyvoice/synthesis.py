@@ -32,8 +32,6 @@ from mizuoto.engines.cosyvoice.llm import MAX_TOKEN_TEXT_RATIO
 from mizuoto.errors import InvalidRequest
 from mizuoto.nn.vocoders.crossfade import fade_in_out
 
-StageGate = Callable[[str], contextlib.AbstractContextManager]
-
 
 class FlowStage(Protocol):
     """Speech tokens (+ voice prompt) -> mel; implemented by every CosyVoice flow class."""
@@ -83,34 +81,33 @@ def schedule_for(version: int, flow: FlowStage, sample_rate: int) -> StreamSched
     return StreamSchedule(version, 25, 100, 2, 0, 0, 8, 8 * hop_len, flow.token_mel_ratio, flow.pre_lookahead_len)
 
 
-def _here(fn: Callable[[], Any], *args: Any, **kwargs: Any) -> Any:
-    return fn()
+Compute = Callable[..., Any]  # the model's `compute(stage, fn, kind=..., urgent=..., reserve=..., **sizes)`
+Decode = Callable[..., Iterator[int]]  # the model's `decode(stage, loop, alone=..., **sizes)`
 
 
 class Synthesizer:
-    """Runs upstream's token2wav schedule for one generation over the model's LM, flow and vocoder."""
+    """Runs upstream's token2wav schedule for one generation over the model's LM, flow and vocoder.
+
+    Every piece of heavy work is stated to the model (`compute(stage, fn, **sizes)`: the runtime
+    reserves, places and runs it on the model's compute thread) and the LM's tokens come from
+    `decode("llm", loop)`, alone or in the model's batch: one path whether the model batches or not.
+    """
 
     def __init__(self, schedule: StreamSchedule, *, lm: Any | None, flow: FlowStage, hift: VocoderStage,
-                 use: StageGate, precision: str = "fp32", lm_options: dict[str, Any] | None = None,
+                 compute: Compute, decode: Decode, precision: str = "fp32",
+                 lm_options: dict[str, Any] | None = None,
                  token_filter: Callable[[Iterable[int]], Iterator[int]] | None = None,
-                 on_tokens: Callable[[list[int]], None] | None = None, batcher: Any | None = None,
-                 lease: Any | None = None, room: Callable[..., contextlib.AbstractContextManager] | None = None,
-                 submit: Callable[..., Any] | None = None):
+                 on_tokens: Callable[[list[int]], None] | None = None, alone: bool = False):
         self.schedule = schedule
         self.lm, self.flow, self.hift = lm, flow, hift
-        self.use = use  # the model's stage gate: `with use("flow") as device:`
-        # the model's call reservations: `with room("flow", lease, tokens=..., frames=...):` (Model.room)
-        self.room = room if room is not None else (lambda *args, **sizes: contextlib.nullcontext())
+        self.compute = compute
+        self.decode = decode
+        self.alone = alone  # the LM runs by itself in the calling thread even on a batching model (the bench)
         self.precision = precision
         self.lm_options = dict(lm_options or {})  # generate()'s cache, CUDA-graph and length options
         self.mel_bins = flow.output_size
         self.token_filter = token_filter  # v3 drops long silence runs before the flow
         self.on_tokens = on_tokens  # observer for tests and benchmarks: the final token list
-        self.batcher = batcher  # a runtime.batching.DecodeBatcher: the LM runs in a row of its batch
-        # the model's submit (`Model.submit(fn, lease, kind, urgent=...)`): with a batcher, its flow and
-        # vocoder calls go to the batch loop too (the model's one compute thread)
-        self.submit = submit if submit is not None and batcher is not None else _here
-        self.lease = lease  # the request's runtime.lease.Lease: every stage call and wait checks it
         s = schedule
         self.speech_window = np.hamming(2 * s.source_cache_len) if s.source_cache_len else None
         self.mel_window = np.hamming(2 * s.mel_overlap_len) if s.mel_overlap_len else None
@@ -128,36 +125,24 @@ class Synthesizer:
                               enabled=self.precision == "fp16" and torch.device(device).type == "cuda")
 
     # -- the three stages ---------------------------------------------------------------------
-    def lm_tokens(self, inputs: dict[str, Any], generator: torch.Generator) -> Iterator[int]:
-        """The LM's raw speech tokens for one model input, one `use("llm")` per token."""
+    def lm_tokens(self, inputs: dict[str, Any], generator: torch.Generator, **sizes: int) -> Iterator[int]:
+        """The LM's raw speech tokens for one model input, as the model decodes them (`sizes`: the call's)."""
         if self.lm is None:
             raise InvalidRequest("this model has no LM stage; only voice conversion is possible", field="mode")
         text, prompt_text, prompt_speech = inputs["text"], inputs["prompt_text"], inputs["llm_prompt_speech_token"]
 
-        def tokens_of(**steps: Any) -> Iterator[int]:
+        def loop(steps: Any) -> Iterator[int]:
             if isinstance(text, torch.Tensor):
                 return self.lm.generate(text, prompt_text, prompt_speech, generator=generator,
-                                        embedding=inputs["llm_embedding"], **self.lm_options, **steps)
+                                        embedding=inputs["llm_embedding"], **self.lm_options, steps=steps)
             # streamed text has no length bound for a static cache: eager steps (on CUDA still the
             # on-device sampler)
-            return self.lm.generate_bistream(text, prompt_text, prompt_speech, generator=generator, **steps)
+            return self.lm.generate_bistream(text, prompt_text, prompt_speech, generator=generator, steps=steps)
 
-        if self.batcher is not None:
-            # the batch loop runs the forward passes (in its own `use("llm")`); here the tokens arrive,
-            # each wait for one bounded by the lease
-            yield from self.batcher.run(lambda row: tokens_of(steps=row), self.lease)
-            return
-        tokens = tokens_of()
-        while True:
-            # per token: in a streaming request the flow and vocoder run between two tokens
-            with self.use("llm", self.lease) as device, self._autocast(device):
-                token = next(tokens, None)
-            if token is None:
-                return
-            yield token
+        yield from self.decode("llm", loop, alone=self.alone, **sizes)
 
     def lm_call(self, inputs: dict[str, Any], generator: torch.Generator) -> list[int]:
-        """The LM's whole generation for one model input, reserved as one call (`room("llm")`) at the
+        """The LM's whole generation for one model input, reserved as one call (`sizes` of "llm") at the
         positions it may fill: the prompt, the text and upstream's cap of speech tokens."""
         text = inputs["text"]
         if not isinstance(text, torch.Tensor):  # streamed text: no length to reserve for (admission's bound)
@@ -165,8 +150,8 @@ class Synthesizer:
         ratio = self.lm_options.get("max_token_text_ratio", MAX_TOKEN_TEXT_RATIO)
         prompt = 3 + inputs["prompt_text"].shape[1] + inputs["llm_prompt_speech_token"].shape[1]  # sos, x-vector, task
         prefill = prompt + text.shape[1]
-        with self.room("llm", self.lease, positions=prefill + int(text.shape[1] * ratio), rows=1, prefill=prefill):
-            return list(self.lm_tokens(inputs, generator))
+        return list(self.lm_tokens(inputs, generator, positions=prefill + int(text.shape[1] * ratio), rows=1,
+                                   prefill=prefill))
 
     def speech_tokens(self, inputs: dict[str, Any], generator: torch.Generator) -> Iterator[int]:
         """The tokens the flow speaks: the source's (voice conversion) or the LM's, filtered (v3)."""
@@ -181,11 +166,11 @@ class Synthesizer:
             generator: torch.Generator | None) -> tuple[torch.Tensor, Any]:
         """The flow on `token` (1, N) with the input's voice prompt; the mel stays on the flow's device.
 
-        Its working memory is reserved first, in this thread, for the call's sizes (flow_call_sizes).
+        Its working memory is reserved for the call's sizes (flow_call_sizes) before it runs.
         """
-        with self.room("flow", self.lease, **self.flow_call_sizes(token.shape[1], inputs)):
-            return self.submit(lambda: self._mel(token, inputs, streaming, finalize, cache, generator), self.lease,
-                               "flow")
+        return self.compute("flow", lambda device: self._mel(device, token, inputs, streaming, finalize, cache,
+                                                             generator),
+                            **self.flow_call_sizes(token.shape[1], inputs))
 
     def flow_call_sizes(self, tokens: int, inputs: dict[str, Any]) -> dict[str, int]:
         """The flow call's sizes: tokens into its encoder (prompt and speech) and mel frames its decoder runs on."""
@@ -196,9 +181,9 @@ class Synthesizer:
             frames = self.schedule.token_mel_ratio * (prompt + tokens)
         return {"tokens": prompt + tokens, "frames": frames}
 
-    def _mel(self, token: torch.Tensor, inputs: dict[str, Any], streaming: bool, finalize: bool, cache: Any,
-             generator: torch.Generator | None) -> tuple[torch.Tensor, Any]:
-        with self.use("flow", self.lease) as device, self._autocast(device):
+    def _mel(self, device: torch.device, token: torch.Tensor, inputs: dict[str, Any], streaming: bool,
+             finalize: bool, cache: Any, generator: torch.Generator | None) -> tuple[torch.Tensor, Any]:
+        with self._autocast(device):
             args = [t.to(device) for t in (token, inputs["flow_prompt_speech_token"], inputs["prompt_speech_feat"],
                                            inputs["flow_embedding"])]
             mel, cache = self.flow.token2mel(*args, streaming=streaming, finalize=finalize, cache=cache,
@@ -208,16 +193,14 @@ class Synthesizer:
     def speech(self, mel: torch.Tensor, *, cache_source: torch.Tensor | None, finalize: bool,
                generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
         """The vocoder on `mel`; speech and source stay on the vocoder's device (its room reserved first)."""
-        with self.room("hift", self.lease, frames=mel.shape[2]):
-            return self.submit(lambda: self._speech(mel, cache_source, finalize, generator), self.lease, "vocoder")
+        return self.compute("hift", lambda device: self._speech(device, mel, cache_source, finalize, generator),
+                            kind="vocoder", frames=mel.shape[2])
 
-    def _speech(self, mel: torch.Tensor, cache_source: torch.Tensor | None, finalize: bool,
+    def _speech(self, device: torch.device, mel: torch.Tensor, cache_source: torch.Tensor | None, finalize: bool,
                 generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
-        with self.use("hift", self.lease) as device:
-            if cache_source is not None:
-                cache_source = cache_source.to(device)
-            return self.hift.vocode(mel.to(device), cache_source=cache_source, finalize=finalize,
-                                    generator=generator)
+        if cache_source is not None:
+            cache_source = cache_source.to(device)
+        return self.hift.vocode(mel.to(device), cache_source=cache_source, finalize=finalize, generator=generator)
 
     # -- request ------------------------------------------------------------------------------
     def run(self, inputs: dict[str, Any], *, stream: bool, speed: float, lm_gen: torch.Generator,
@@ -282,18 +265,18 @@ class Synthesizer:
     # -- token2wav ----------------------------------------------------------------------------
     def _token2wav(self, tokens: list[int], inputs: dict[str, Any], state: "_State", gen: torch.Generator, *,
                    offset: int, streaming: bool, finalize: bool, speed: float = 1.0) -> torch.Tensor:
-        def here() -> torch.Tensor:
+        def here(_: Any) -> torch.Tensor:
             return self._token2wav_here(tokens, inputs, state, gen, offset=offset, streaming=streaming,
                                         finalize=finalize, speed=speed)
-        if self.batcher is None or not tokens:
-            return here()
-        # all of a chunk's tensor work (flow, vocoder, crossfades) on the model's compute thread; its
-        # calls' memory reserved first in this thread (the loop must never wait for room): the flow's
-        # exact figure, the vocoder's for at most the flow's frames with its cache, slowed by `speed`
+        if not tokens:
+            return here(None)
+        # all of a chunk's tensor work (flow, vocoder, crossfades) is one unit on the model's compute thread; a
+        # request in a batch reserves its calls first (the loop never waits for room): the flow's exact figure,
+        # the vocoder's for at most the flow's frames with its cache, slowed by `speed`
         sizes = self.flow_call_sizes(len(tokens), inputs)
         vocoded = int((sizes["frames"] + self.schedule.mel_cache_len) / min(speed, 1.0)) + 1
-        with self.room("flow", self.lease, **sizes), self.room("hift", self.lease, frames=vocoded):
-            audio = self.submit(here, self.lease, "chunk", urgent=not state.chunks)
+        audio = self.compute(None, here, kind="chunk", urgent=not state.chunks,
+                             reserve={"flow": sizes, "hift": {"frames": vocoded}})
         state.chunks += 1
         return audio
 

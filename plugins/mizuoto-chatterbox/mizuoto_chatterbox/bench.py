@@ -39,11 +39,12 @@ class ChatterboxBench:
 
     def use_batch(self, on: bool) -> None:
         """Route `lm` and `stream` through T3's batch (the --concurrency sweep) or upstream's loop here."""
-        self.model.unbatched = not (on and self.model.batcher is not None)
+        self.model.unbatched = not (on and self.model.batch_loop() is not None)
 
     def loop_seconds(self) -> dict[str, float]:
         """Where the batch loop spent its time so far, by kind of work (none without a batch)."""
-        return self.model.batcher.timings() if self.model.batcher is not None else {}
+        batch = self.model.batch_loop()
+        return batch.timings() if batch is not None else {}
 
     def _generator(self, seed: int) -> torch.Generator:
         return torch.Generator().manual_seed(seed)
@@ -54,7 +55,7 @@ class ChatterboxBench:
 
     def lm(self, tokens: int) -> list[int]:
         """Exactly `tokens` speech tokens from T3 (the stop token suppressed)."""
-        out = list(self.model._draws(self._exactly(tokens), self.voice, self._generator(0), None))
+        out = list(self.model._draws(self._exactly(tokens), self.voice, self._generator(0)))
         assert len(out) == tokens, (len(out), tokens)
         return [t % 6561 for t in out]  # the rare start token drawn by random weights stands in as a speech token
 
@@ -80,7 +81,7 @@ class ChatterboxBench:
     def stream(self, tokens: int) -> Iterator[torch.Tensor]:
         """The request streamed by the engine's chunk schedule, audio chunks as they come."""
         request = replace(self._exactly(tokens), stream=True)
-        for chunk in stream_audio(self.model, request, self.voice, self._generator(0), 0, None):
+        for chunk in stream_audio(self.model, request, self.voice, self._generator(0), 0):
             yield chunk.samples
 
     # -- bench --memory ------------------------------------------------------------------------
@@ -95,7 +96,7 @@ class ChatterboxBench:
                 pass
             return
         tokens_out = self.model.speech_tokens(self._exactly(tokens), self.voice, self._generator(0))
-        self.model._to_audio(tokens_out, self.voice, self._generator(1), 1.0, None)
+        self.model._to_audio(tokens_out, self.voice, self._generator(1), 1.0)
 
 
 def bench_driver(model_dir: Path | None, random: str | None, options: Any, settings: Any) -> ChatterboxBench:

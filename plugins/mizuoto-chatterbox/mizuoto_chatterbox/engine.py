@@ -20,7 +20,6 @@ from typing import Any
 import torch
 
 from mizuoto.errors import InvalidRequest, ModelLoadError
-from mizuoto.runtime.batching import DecodeBatcher
 from mizuoto.runtime.engine import (AudioChunk, Capabilities, Engine, Model, Reference, RequestOption, Stage,
                                     SynthesisRequest, Voice, VoicePrompt)
 from mizuoto_chatterbox import memory
@@ -96,19 +95,17 @@ class ChatterboxModel(Model):
         self.figures = memory.Figures(t3, s3gen)
         self.bench_tokens: int | None = None  # set by the bench driver only: T3 speaks exactly this many tokens
         # compute.batch > 1: T3's steps shared by that many requests in the runtime's continuous batch, each
-        # request taking its cond and uncond rows (Turbo: one); the batch loop is the model's executor
+        # request taking its cond and uncond rows (Turbo: one): the runtime runs T3's token loop (Model.decode)
         self.rows_per_request = 1 if self.turbo else 2
-        self.batcher = DecodeBatcher(t3.tfmr, t3.batch_head, batch * self.rows_per_request, lambda: self.use("t3"),
-                                     None, name=f"t3-{model_dir.name}") if batch > 1 else None
-        self.batch_width = batch if self.batcher is not None else 1
-        self.executor = self.batcher
-        self.unbatched = False  # the bench's single-request table: upstream's loop on this thread
+        self.batch_width = max(1, batch)
+        self.unbatched = False  # the bench's single-request table: T3 by itself on the calling thread
         self.stages = (
             Stage("text", "frontend", {}, memory=lambda request: memory.TEXT_BYTES),
             # CAM++ stays on the CPU (fixed), as upstream's reference analysis is checked there
             Stage("voice", "frontend", {"ve": ve, "tokenizer": tokenizer, "xvector": xvector}, fixed={"xvector"},
                   memory=self._voice_memory),
-            Stage("t3", "sequence", {"t3": t3}, memory=self._t3_memory, call_memory=self.figures.t3_call),
+            Stage("t3", "sequence", {"t3": t3}, memory=self._t3_memory, call_memory=self.figures.t3_call,
+                  sequence=t3.sequence()),
             Stage("s3gen", "frames", {"s3gen": s3gen}, memory=lambda request: self.figures.s3gen_least(),
                   call_memory=self.figures.s3gen, bound_memory=lambda request: self.figures.s3gen_most()),
         )
@@ -151,30 +148,26 @@ class ChatterboxModel(Model):
         out = [Voice(PRESET_VOICE, "preset", "the model's own voice (conds.pt)")] if self.presets else []
         return out + [Voice(v, "cached", "a cloned voice") for v in cached]
 
-    def _conditioning(self, voice: str | Reference, lease: Any, options: dict | None = None) -> Conditioning:
+    def _conditioning(self, voice: str | Reference, options: dict | None = None) -> Conditioning:
         if isinstance(voice, Reference):
-            return self._clone(voice, lease, bool((options or {}).get("norm_loudness", True)))
+            return self._clone(voice, bool((options or {}).get("norm_loudness", True)))
         with self._voices_lock:
             found = self.presets.get(voice) or self.cached.get(voice)
         if found is None:
             raise InvalidRequest(f"unknown voice {voice!r}", field="voice")
         return found
 
-    def submit(self, fn: Any, lease: Any = None, kind: str = "call", *, urgent: bool = False) -> Any:
-        """As `Model.submit`; the bench's single-request figures (`unbatched`) run fn in the calling thread."""
-        return fn() if self.unbatched else super().submit(fn, lease, kind, urgent=urgent)
-
-    def _clone(self, reference: Reference, lease: Any, norm_loudness: bool = True) -> Conditioning:
+    def _clone(self, reference: Reference, norm_loudness: bool = True) -> Conditioning:
         from mizuoto_chatterbox.clone import clone_voice
 
-        def run() -> Conditioning:
-            with self.use("voice", lease), torch.inference_mode():
+        def run(device: Any) -> Conditioning:
+            with torch.inference_mode():
                 return clone_voice(self, reference.audio, norm_loudness)
-        return self.submit(run, lease, "frontend")
+        return self.compute("voice", run, kind="frontend")
 
     def add_voice(self, voice_id: str, ref_audio: Any, ref_text: str | None = None) -> Voice:
         """Clone a voice from reference audio (its transcript is not used) and keep it under `voice_id`."""
-        return self._keep(voice_id, self._clone(Reference(ref_audio, ref_text), None))
+        return self._keep(voice_id, self._clone(Reference(ref_audio, ref_text)))
 
     def _keep(self, voice_id: str, conditioning: Conditioning) -> Voice:
         """Cache `conditioning` under `voice_id` (not the preset's id)."""
@@ -218,35 +211,26 @@ class ChatterboxModel(Model):
         return T3Options(**fields)
 
     def _draws(self, request: SynthesisRequest, voice: Conditioning, generator: torch.Generator,
-               lease: Any) -> Iterator[int]:
-        """T3's draws for the request, one token at a time."""
+               **sizes: int) -> Iterator[int]:
+        """T3's draws for the request, one token at a time, as the runtime decodes them (`sizes`: the call's)."""
         options = self._t3_options(request.options)
         exaggeration = request.options.get("exaggeration", voice.exaggeration)
 
-        def prompt() -> tuple[torch.Tensor, torch.Tensor]:
-            with self.use("text", lease):
-                ids = torch.tensor(self.text.ids(request.text))
-            with self.use("t3", lease), torch.inference_mode():
-                cond = self.t3.conditioning(voice.speaker_emb, voice.prompt_tokens, exaggeration)
+        def prompt(_: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            ids = self.compute("text", lambda device: torch.tensor(self.text.ids(request.text)))
+
+            def conditioning(device: Any) -> torch.Tensor:
+                with torch.inference_mode():
+                    return self.t3.conditioning(voice.speaker_emb, voice.prompt_tokens, exaggeration)
+            cond = self.compute("t3", conditioning)
             self._check_length(ids.numel(), cond.shape[1])
             return ids, cond
-        ids, cond = self.submit(prompt, lease, "lm input")
+        ids, cond = self.compute(None, prompt, kind="lm input")
         run = self.t3.generate_turbo if self.turbo else self.t3.generate
         exact = {} if self.bench_tokens is None else {  # Turbo draws once more than its max_new_tokens
             "ban_stop": True, "max_new_tokens": self.bench_tokens - (1 if self.turbo else 0)}
-        if self.batcher is not None and not self.unbatched:  # the batch loop runs the passes under the stage gate
-            def produce(rows: Any) -> Iterator[int]:
-                return run(cond, ids, options, generator=generator, rows=rows if isinstance(rows, tuple) else (rows,),
-                           **exact)
-            yield from self.batcher.run(produce, lease, rows=self.rows_per_request)
-            return
-        draws = run(cond, ids, options, generator=generator, **exact)
-        while True:
-            with self.use("t3", lease):
-                token = next(draws, None)
-            if token is None:
-                return
-            yield token
+        yield from self.decode("t3", lambda steps: run(cond, ids, options, generator=generator, steps=steps, **exact),
+                               alone=self.unbatched, **sizes)
 
     def _check_length(self, text_ids: int, cond: int) -> None:
         """A text longer than T3's position tables is refused with its length (upstream fails on an index)."""
@@ -262,11 +246,9 @@ class ChatterboxModel(Model):
                                  f"{cond} conditioning positions exceed its {positions} positions; split it into "
                                  "several requests", field="text")
 
-    def speech_tokens(self, request: SynthesisRequest, voice: Conditioning, generator: torch.Generator,
-                      lease: Any = None) -> list[int]:
+    def speech_tokens(self, request: SynthesisRequest, voice: Conditioning, generator: torch.Generator) -> list[int]:
         """The tokens S3Gen speaks for a request (upstream's filtering of T3's draws), T3's call reserved first."""
-        with self.room("t3", lease, **self._t3_call_sizes(request, voice)):
-            draws = list(self._draws(request, voice, generator, lease))
+        draws = list(self._draws(request, voice, generator, **self._t3_call_sizes(request, voice)))
         return _speech_for_s3gen(draws, self.turbo)
 
     def _t3_call_sizes(self, request: SynthesisRequest, voice: Conditioning) -> dict[str, int]:
@@ -274,28 +256,26 @@ class ChatterboxModel(Model):
         whether the cache grows (a batch's rows) or is allocated once (the unbatched path's static cache)."""
         prefill = self.figures.t3_prefill(self._text_ids(request), voice.prompt_tokens.shape[-1])
         draws = self.bench_tokens or (TURBO_MAX_NEW_TOKENS + 1 if self.turbo else MAX_NEW_TOKENS)
-        grown = int(self.batcher is not None and not self.unbatched)
+        grown = int(self.batch_loop() is not None and not self.unbatched)
         positions = prefill + draws
         if self.t3.tfmr.config.max_positions:  # Turbo's decode ends at its position table
             positions = min(positions, self.t3.tfmr.config.max_positions)
         return {"positions": positions, "prefill": prefill, "grown": grown}
 
-    def _to_audio(self, tokens: list[int], voice: Conditioning, generator: torch.Generator, speed: float,
-                  lease: Any) -> torch.Tensor:
+    def _to_audio(self, tokens: list[int], voice: Conditioning, generator: torch.Generator, speed: float
+                  ) -> torch.Tensor:
         if not tokens:
             raise InvalidRequest("the model spoke no speech tokens for this text", field="text")
         frames = 2 * (voice.gen_prompt_token.shape[-1] + len(tokens))
 
-        def run() -> torch.Tensor:
-            with self.use("s3gen", lease):
-                mel = self.s3gen.mel(torch.tensor(tokens), voice.gen_prompt_token, voice.gen_prompt_feat,
-                                     voice.gen_embedding, generator)
-                if speed != 1.0:
-                    mel = torch.nn.functional.interpolate(mel, size=max(1, int(mel.shape[2] / speed)), mode="linear")
-                return self.s3gen.wav(mel, generator)[0]
+        def run(device: Any) -> torch.Tensor:
+            mel = self.s3gen.mel(torch.tensor(tokens), voice.gen_prompt_token, voice.gen_prompt_feat,
+                                 voice.gen_embedding, generator)
+            if speed != 1.0:
+                mel = torch.nn.functional.interpolate(mel, size=max(1, int(mel.shape[2] / speed)), mode="linear")
+            return self.s3gen.wav(mel, generator)[0]
         vocoded = int(2 * len(tokens) / speed) + 1  # HiFT speaks the new mel only (the prompt's is cut), resized
-        with self.room("s3gen", lease, tokens=frames // 2, frames=frames, vocoded=vocoded):  # in the request's thread
-            return self.submit(run, lease, "flow", urgent=True)
+        return self.compute("s3gen", run, kind="flow", urgent=True, tokens=frames // 2, frames=frames, vocoded=vocoded)
 
     def mark(self, audio: torch.Tensor) -> torch.Tensor:
         """Perth's watermark over audio, when the model was loaded with one."""
@@ -306,25 +286,23 @@ class ChatterboxModel(Model):
 
     def synthesize(self, request: SynthesisRequest) -> Iterator[AudioChunk]:
         """The request's audio (one chunk, or growing chunks when streaming); the runtime bounds every wait by the
-        request's lease (read from the request's context where none is passed)."""
-        lease = None
+        request's lease (the runtime reads it from the request's context: `compute` and `decode` take none)."""
         if request.text_streamed:
             raise InvalidRequest("Chatterbox takes the text as one string", field="text")
         seed = request.seed if request.seed is not None else secrets.randbits(63)
         generator = torch.Generator().manual_seed(seed)
-        voice = self._conditioning(request.voice, lease, request.options)
+        voice = self._conditioning(request.voice, request.options)
         if request.stream:
             from mizuoto_chatterbox.stream import stream_audio
 
-            yield from stream_audio(self, request, voice, generator, seed, lease)
+            yield from stream_audio(self, request, voice, generator, seed)
             return
-        tokens = self.speech_tokens(request, voice, generator, lease)
-        audio = self._to_audio(tokens, voice, generator, request.speed, lease)
+        tokens = self.speech_tokens(request, voice, generator)
+        audio = self._to_audio(tokens, voice, generator, request.speed)
         yield AudioChunk(self.mark(audio), SAMPLE_RATE, 0, True)
 
     def close(self) -> None:
-        if self.batcher is not None:
-            self.batcher.close()  # answers what still waits and joins its loop
+        super().close()  # the continuous batch, if it batches: answers what still waits and joins its loop
         self.presets.clear()
         self.cached.clear()
 

@@ -62,8 +62,8 @@ class _Vocoder:
         return speech[0]
 
 
-def stream_audio(model: Any, request: SynthesisRequest, voice: Any, generator: torch.Generator, seed: int,
-                 lease: Any) -> Iterator[AudioChunk]:
+def stream_audio(model: Any, request: SynthesisRequest, voice: Any, generator: torch.Generator,
+                 seed: int) -> Iterator[AudioChunk]:
     """The request's audio as chunks, each as soon as its tokens are spoken; the last has final=True."""
     from mizuoto_chatterbox.engine import SAMPLE_RATE, SILENCE_TOKEN, TURBO_TAIL
 
@@ -79,17 +79,16 @@ def stream_audio(model: Any, request: SynthesisRequest, voice: Any, generator: t
         frames = 2 * (voice.gen_prompt_token.shape[-1] + len(speech))
         vocoded = 2 * (len(speech) - sent_tokens) + MEL_CACHE + 1  # the new mel (at most), HiFT's cache before it
 
-        def run() -> torch.Tensor:
+        def run(device: Any) -> torch.Tensor:
             nonlocal sent_frames
-            with model.use("s3gen", lease):
-                out = model.s3gen.mel(torch.tensor(speech), voice.gen_prompt_token, voice.gen_prompt_feat,
-                                      voice.gen_embedding, s3gen_generator, finalize=final)
-                # the frames past those sent (a prompt mel of odd length makes them no multiple of the token rate)
-                out = out[:, :, sent_frames:]
-                sent_frames += out.shape[2]
-                return vocoder(out, final)
-        with model.room("s3gen", lease, tokens=frames // 2, frames=frames, vocoded=vocoded):  # in the request's thread
-            return model.submit(run, lease, "chunk", urgent=index == 0)
+            out = model.s3gen.mel(torch.tensor(speech), voice.gen_prompt_token, voice.gen_prompt_feat,
+                                  voice.gen_embedding, s3gen_generator, finalize=final)
+            # the frames past those sent (a prompt mel of odd length makes them no multiple of the token rate)
+            out = out[:, :, sent_frames:]
+            sent_frames += out.shape[2]
+            return vocoder(out, final)
+        return model.compute("s3gen", run, kind="chunk", urgent=index == 0, tokens=frames // 2, frames=frames,
+                             vocoded=vocoded)
 
     def emit(audio: torch.Tensor, final: bool) -> AudioChunk:
         nonlocal index
@@ -97,7 +96,7 @@ def stream_audio(model: Any, request: SynthesisRequest, voice: Any, generator: t
         index += 1
         return out
 
-    for token in model._draws(request, voice, generator, lease):
+    for token in model._draws(request, voice, generator):
         if token >= 6561:  # the start or stop token, or a token outside S3Gen's vocabulary
             continue
         tokens.append(token)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +36,7 @@ from mizuoto.nn.lm import logits as lp
 from mizuoto.nn.lm.decoder import Decoder, DecoderConfig
 from mizuoto.nn.lm.kv_cache import StaticKVCache
 from mizuoto.runtime.convert.checkpoint import DictSource, match_state_dict
+from mizuoto.runtime.sequence import AloneSteps, Sequence as SequenceSpec
 from mizuoto_chatterbox.weights import count_children, read_weights, reduced_config
 
 START_TEXT, STOP_TEXT = 255, 0  # the English text table's start and stop ids
@@ -148,36 +149,33 @@ class T3(nn.Module):
         return self.speech_pos_emb(torch.tensor([[i]]))
 
     # -- the backbone's passes ---------------------------------------------------------------------
-    def _forward(self, rows: Sequence[Any] | None, head: Callable[[torch.Tensor], torch.Tensor], steps: int
-                 ) -> Callable[[torch.Tensor], torch.Tensor]:
-        """(R, T, D) inputs of the R rows -> their scores (R, V) at the last position; at most `steps` after the first.
+    def sequence(self, **declared: Any) -> SequenceSpec:
+        """What the runtime runs T3's token loops over (runtime.sequence).
 
-        Without `rows`, one pass of the backbone over all R rows here (upstream's order: the cond and
-        uncond rows as one batch) over a static KV cache sized for the prompt and `steps` more
-        positions (an index write a step instead of upstream's growing concatenation: the same
-        numbers, checked at the released sizes, and no copy of the cache each step); with them, each
-        row in the batch loop (`row.submit`, then `row.collect`, so a pair shares a pass), the loop
-        applying `batch_head`.
+        Alone, a request's rows (English: cond and uncond; Turbo: one) go through the backbone as one
+        batch (upstream's order: the two rows as one batch) over a static KV cache sized for the prompt
+        and the most draws (an index write a step instead of upstream's growing concatenation: the
+        same numbers, checked at the released sizes, and no copy of the cache each step); in the
+        model's continuous batch each row runs on a cache of its own, the batch applying `batch_head`.
         """
-        if rows is None:
-            cache: StaticKVCache | None = None
+        if self.turbo:
+            def head(h: torch.Tensor) -> torch.Tensor:
+                return self.speech_head(h[:, -1:])[:, -1, :]
+        else:
+            def head(h: torch.Tensor) -> torch.Tensor:
+                return self.speech_head(h)[:, -1, :]
+        return SequenceSpec(decoder=self.tfmr, head=head, row_head=self.batch_head, rows=1 if self.turbo else 2,
+                            stacked=True, what="T3", **declared)
 
-            def direct(x: torch.Tensor) -> torch.Tensor:
-                nonlocal cache
-                if cache is None:  # sized by the prompt, the first input
-                    cfg = self.tfmr.config
-                    cache = StaticKVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim,
-                                          x.shape[1] + steps, batch=x.shape[0])
-                return head(self.tfmr(x, cache))
-            return direct
-        for row in rows:
-            row.attach(self.tfmr.new_cache())
+    def _attach(self, steps: Any | None, prompt: torch.Tensor, most: int) -> Any:
+        """The runtime's steps (alone when None) over caches for the (R, T, D) `prompt` and at most `most` more."""
+        steps = steps if steps is not None else AloneSteps(self.sequence())
+        cfg = self.tfmr.config
 
-        def forward(x: torch.Tensor) -> torch.Tensor:
-            for i, row in enumerate(rows):
-                row.submit(x[i:i + 1])
-            return torch.stack([row.collect().reshape(-1) for row in rows])
-        return forward
+        def alone() -> StaticKVCache:
+            return StaticKVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, prompt.shape[1] + most,
+                                 batch=prompt.shape[0])
+        return steps.attach(alone, row=self.tfmr.new_cache)
 
     def batch_head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Scores at the last position of normed hidden states (B, T, D): (V,) for B = 1, (B, V) else."""
@@ -188,11 +186,11 @@ class T3(nn.Module):
     @torch.inference_mode()
     def generate(self, cond: torch.Tensor, text: torch.Tensor, options: T3Options,
                  generator: torch.Generator | None = None, max_new_tokens: int = MAX_NEW_TOKENS,
-                 ban_stop: bool = False, rows: Sequence[Any] | None = None) -> Iterator[int]:
+                 ban_stop: bool = False, steps: Any | None = None) -> Iterator[int]:
         """The English model's draws for text ids (L,) with [START]/[STOP] around them, the stop token last.
 
-        ban_stop: the stop token is never drawn (benchmarks: exactly max_new_tokens draws); rows: the
-        cond and uncond rows of a `runtime.batching.DecodeBatcher` to run on (None: a batch of two here).
+        ban_stop: the stop token is never drawn (benchmarks: exactly max_new_tokens draws); steps: the
+        runtime's when it runs this loop (`Model.decode`; None: by itself here, its two rows as one batch).
         """
         if options.cfg_weight <= 0:
             raise ValueError("the English T3 samples with classifier-free guidance: cfg_weight must be > 0 "
@@ -203,7 +201,7 @@ class T3(nn.Module):
         text_emb = text_emb + self.text_pos_emb(torch.arange(tokens.shape[1]))
         start = self.speech_emb(torch.tensor([[START_SPEECH]])) + self._speech_position(0)
         prompt = torch.cat([cond.expand(2, -1, -1), text_emb, start.expand(2, -1, -1), start.expand(2, -1, -1)], 1)
-        forward = self._forward(rows, lambda h: self.speech_head(h)[:, -1, :], max_new_tokens)
+        forward = self._attach(steps, prompt, max_new_tokens).scores
         scores = forward(prompt)
         drawn = [START_SPEECH]
         for i in range(max_new_tokens):
@@ -229,10 +227,10 @@ class T3(nn.Module):
     def generate_turbo(self, cond: torch.Tensor, text: torch.Tensor, options: T3Options,
                        generator: torch.Generator | None = None,
                        max_new_tokens: int = TURBO_MAX_NEW_TOKENS, ban_stop: bool = False,
-                       rows: Sequence[Any] | None = None) -> Iterator[int]:
+                       steps: Any | None = None) -> Iterator[int]:
         """Turbo's draws for GPT-2 text ids (L,), the stop token last when it was drawn (never with ban_stop);
         a stop as the first draw does not end it (upstream's loop never sees that draw);
-        rows: a `runtime.batching.DecodeBatcher` row (one) to run on."""
+        steps: the runtime's when it runs this loop (`Model.decode`; None: by itself here)."""
         start = torch.tensor([[START_SPEECH]])
         prompt = torch.cat([cond, self.text_emb(text.reshape(1, -1)), self.speech_emb(start)], dim=1)
         positions = self.tfmr.config.max_positions
@@ -240,8 +238,8 @@ class T3(nn.Module):
             raise InvalidRequest(f"the text is too long for this model: {text.numel()} text ids with "
                                  f"{cond.shape[1]} conditioning positions exceed its {positions} positions",
                                  field="text")
-        steps = min(max_new_tokens + 1, positions - prompt.shape[1])
-        forward = self._forward(rows, lambda h: self.speech_head(h[:, -1:])[:, -1, :], steps)
+        most = min(max_new_tokens + 1, positions - prompt.shape[1])
+        forward = self._attach(steps, prompt, most).scores
         logits = forward(prompt)
         drawn: list[int] = []
         for _ in range(max_new_tokens + 1):

@@ -30,7 +30,7 @@ def test_a_request_speaks_the_same_alone_or_beside_others(case, runtime):
     name = runtime.load(str(case.model_dir), name=f"batched-{case.name}", watermark=False, compute={"batch": BATCH})
     model = runtime.model(name)
     try:
-        assert model.batcher is not None and model.batcher.width == BATCH * model.rows_per_request
+        assert model.batch_loop() is not None and model.batch_loop().width == BATCH * model.rows_per_request
         request = {"voice": "default", "seed": case.spec["seed"], "options": _options(case, model)}
         alone = list(runtime.synthesize(name, case.spec["text"], **request))[0].samples
         results: dict[int, torch.Tensor] = {}
@@ -41,7 +41,7 @@ def test_a_request_speaks_the_same_alone_or_beside_others(case, runtime):
                 results[i] = list(runtime.synthesize(name, text, **{**request, "seed": seed}))[0].samples
             except BaseException as e:  # reported by the main thread
                 errors.append(e)
-        steps_before = model.batcher.stats()
+        steps_before = model.batch_loop().stats()
         threads = [threading.Thread(target=speak, args=(0, case.spec["text"], case.spec["seed"]))]
         threads += [threading.Thread(target=speak, args=(i + 1, text, 100 + i)) for i, text in enumerate(OTHERS)]
         for t in threads:
@@ -50,9 +50,9 @@ def test_a_request_speaks_the_same_alone_or_beside_others(case, runtime):
             t.join(300)
         assert not errors, errors
         assert torch.equal(results[0], alone), "a batched request's audio depends on the others in its batch"
-        after = model.batcher.stats()
+        after = model.batch_loop().stats()
         assert after["steps"] > steps_before["steps"]
-        rows = model.batcher.row_steps
+        rows = model.batch_loop().row_steps
         assert rows > after["steps"], "no step was shared by several rows"
     finally:
         runtime.unload(name)

@@ -131,7 +131,7 @@ class PiperModel(Model):
 
     def _run(self, ids: list[int], speaker: int | None, speed: float, seed: int, part: int) -> torch.Tensor:
         """One VITS run, on the voice's compute thread in its turn."""
-        return self.submit(lambda: self._vits(ids, speaker, speed, seed, part), kind="vits")
+        return self.compute("vits", lambda device: self._vits(ids, speaker, speed, seed, part))
 
     def _vits(self, ids: list[int], speaker: int | None, speed: float, seed: int, part: int) -> torch.Tensor:
         c = self.config
@@ -144,14 +144,13 @@ class PiperModel(Model):
         size = len(ids) * NOISE_PER_ID * max(1, math.ceil(length_scale))
         for k in range(self._noises):
             feeds[NOISE_INPUT.format(k)] = draw(seed, part, k, size)
-        with self.use("vits"):
-            for _ in range(2):  # a second run only when some noise input was too short
-                out, *needs = self.session.run(None, feeds)
-                short = [k for k, n in enumerate(needs) if int(n) > feeds[NOISE_INPUT.format(k)].size]
-                if not short:
-                    break
-                for k in short:
-                    feeds[NOISE_INPUT.format(k)] = draw(seed, part, k, int(needs[k]))
+        for _ in range(2):  # a second run only when some noise input was too short
+            out, *needs = self.session.run(None, feeds)
+            short = [k for k, n in enumerate(needs) if int(n) > feeds[NOISE_INPUT.format(k)].size]
+            if not short:
+                break
+            for k in short:
+                feeds[NOISE_INPUT.format(k)] = draw(seed, part, k, int(needs[k]))
         return torch.from_numpy(np.ascontiguousarray(out.reshape(-1), dtype=np.float32))
 
     def _audio(self, request: SynthesisRequest) -> Iterator[torch.Tensor]:
@@ -162,8 +161,7 @@ class PiperModel(Model):
         limit = run_limit(self.config.length_scale / request.speed)
         index = 0
         for sentence in _sentences(text):
-            with self.use("phonemes"):
-                phonemes = phonemize(sentence, self.config.espeak_voice)
+            phonemes = self.compute("phonemes", lambda device: phonemize(sentence, self.config.espeak_voice))
             for p in phonemes:
                 for part in _split_long(p, self.config, limit):
                     yield self._run(self.config.ids(part), speaker, request.speed, seed, index)

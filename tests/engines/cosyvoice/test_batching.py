@@ -120,7 +120,7 @@ def test_a_request_gives_the_same_tokens_and_audio_in_any_company(ref, stream, m
     with capsys.disabled():
         print(f"\n[batching] {ref.id} ({'stream' if stream else 'whole'}): batched tokens differ from unbatched"
               f" at {differ} of {len(solo_tokens)} positions")
-    stats = model.batcher.stats()
+    stats = model.batch_loop().stats()
     assert stats["active"] == 0 and stats["steps"] > 0, stats
 
 
@@ -129,10 +129,10 @@ def test_the_rows_of_a_step_are_shared(model_of):
     ref = BATCHED_REFS[0]
     case = load_case(ref)
     model = model_of(case.model_dir)
-    before = dict(model.batcher.stats())
+    before = dict(model.batch_loop().stats())
     results = _together(model, [(_inputs(case), case.seed + i, False) for i in range(WIDTH)])
     tokens = sum(len(t) for t, _ in results)
-    steps = model.batcher.stats()["steps"] - before["steps"]
+    steps = model.batch_loop().stats()["steps"] - before["steps"]
     spoken = sorted(len(t) for t, _ in results)
     if spoken[-2] > 1:  # at least two spoke on together (a random LM may stop at once for a seed)
         assert steps < tokens, (steps, tokens)
@@ -144,7 +144,7 @@ def test_the_rows_of_a_step_are_shared(model_of):
 def test_cosyvoice1_runs_one_request_at_a_time(model_dir, model_of, caplog):
     with caplog.at_level(logging.WARNING, logger="mizuoto.cosyvoice"):
         model = model_of(model_dir, 4)
-    assert model.batch_width == 1 and model.batcher is None
+    assert model.batch_width == 1 and model.batch_loop() is None
     assert "does not batch" in caplog.text
 
 

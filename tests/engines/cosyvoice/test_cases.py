@@ -49,8 +49,8 @@ class Recorder:
         self.hift: list[tuple[torch.Tensor, torch.Tensor]] = []
         lm, flow, hift = synth.lm_tokens, synth.mel, synth.speech
 
-        def lm_rec(*args):
-            for tok in lm(*args):
+        def lm_rec(*args, **sizes):
+            for tok in lm(*args, **sizes):
                 self.raw_tokens.append(tok)
                 yield tok
 

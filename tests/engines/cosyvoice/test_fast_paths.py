@@ -92,7 +92,7 @@ def test_cuda_graphs_option_logs_why_at_load(tmp_path, caplog):
 def test_lm_off_cuda_is_upstreams_loop(model, ref):
     """Off CUDA the decode steps use the engine's own (upstream) sampler and no graphs."""
     lm = model(ref.model_dir).llm
-    steps = lm._steps(lm.llm.new_cache("static", 64), cuda_graphs=True)
+    steps = lm._steps(cuda_graphs=True).attach(lambda: lm.llm.new_cache("static", 64))._steps  # run by itself
     assert steps.sampler is lm.sampler and not steps.graphs and steps.step is None
 
 
