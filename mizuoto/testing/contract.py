@@ -276,6 +276,73 @@ def test_synthesize_every_mode(case):
         assert working == model.stage(stage).call_working(**call_sizes) >= 0
 
 
+class _StageCalls:
+    """The placement the memory check gives a model's compute loop: each stage call measured as `bench --memory`
+    measures it (runtime.bench_memory.CallRecorder), a stage without `call_memory` against its working memory
+    for the request."""
+
+    def __init__(self, model, request: SynthesisRequest):
+        from mizuoto.runtime.bench_memory import CallRecorder
+
+        self.model, self.request = model, request
+        self.recorder = CallRecorder(model, "cpu")
+
+    @property
+    def calls(self) -> list[dict]:
+        """The calls measured so far (stage, sizes, planned, measured)."""
+        return self.recorder.calls
+
+    @contextlib.contextmanager
+    def place(self, stage: str, lease: Lease | None = None):
+        declared = self.model.stage(stage)
+        if declared.call_memory is not None:  # measured by its reservation (reserve below)
+            with self.recorder.place(stage, lease) as device:
+                yield device
+            return
+        with self.recorder.reserve(stage, lease, declared.working_memory(self.request), {}), \
+                self.recorder.place(stage, lease) as device:
+            yield device
+
+    def reserve(self, stage: str, lease: Lease | None, working: int, sizes: dict):
+        return self.recorder.reserve(stage, lease, working, sizes)
+
+
+def test_each_stage_call_stays_within_its_planned_memory(case):
+    """Every stage call of a whole request, measured as `mizuoto bench --memory` measures it (the peak it adds to
+    the process, runtime.memprobe) after a warm-up request, stays within what the runtime reserves for it: its
+    `call_memory` for its sizes (a stage without one: its working memory for the request), with the heap's
+    allowance every figure carries (nn.memory.HEAP_PACKING_BYTES)."""
+    from mizuoto.nn.memory import HEAP_PACKING_BYTES
+    from mizuoto.runtime.executor import Executor
+    from mizuoto.runtime.memprobe import probe_available
+
+    why = probe_available("cpu")
+    assert why is None, f"the memory check cannot measure here: {why}"
+    options = parse_options(**case.load_options()).resolved()
+    model = default_registry().engine_class(case.engine)().load(case.model_dir, options)
+    caps = model.capabilities
+    mode = next(m for m in MODES if m in caps.modes)
+    request = check_request(_request(mode, model.voices(), caps), model)
+    calls = _StageCalls(model, request)
+    own = model.batch_loop()
+    executor = own if own is not None else Executor(f"contract-{case.model_dir.name}")
+    model.executor, executor.placement = executor, calls
+    try:
+        list(model.synthesize(request))  # the warm-up: one-time allocations (thread pools, kernel workspaces)
+        calls.calls.clear()
+        _check_chunks(list(model.synthesize(request)), caps, stream=False)
+    finally:
+        executor.placement = None
+        if own is None:
+            executor.close()
+            model.executor = None
+        model.close()
+    assert calls.calls, "the request made no stage call through Model.compute"
+    wrong = [f"{c['stage']} {c['sizes']}: planned {c['planned']} B, measured {c['measured']} B" for c in calls.calls
+             if c["measured"] > c["planned"] + HEAP_PACKING_BYTES]
+    assert not wrong, "stage calls beyond their planned memory:\n" + "\n".join(wrong)
+
+
 def test_same_seed_same_audio(case):
     """A non-streaming request with a seed is deterministic."""
     rt, name = _loaded(case)
