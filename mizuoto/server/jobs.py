@@ -129,7 +129,7 @@ class Job:
         self._thread = threading.Thread(target=self._work, name="mizuoto-job", daemon=True)
 
     def run(self) -> Job:
-        """Start the worker: it waits for its ticket's slot, runs, and releases the slot when it ends."""
+        """Start the worker: it waits for its ticket's slot and runs; the slot goes with the request's lease."""
         self._thread.start()
         return self
 
@@ -149,6 +149,9 @@ class Job:
             self._on_finish(self)
             return
         self._on_admit(self._ticket.waited)
+        # the slot is the request's until its lease is released, which waits for the request's last work on a
+        # compute loop (a cancelled request's running call keeps it; Lease.release): never freed while it computes
+        self.lease.on_release(self._admission.release)
         iterator = None
         try:
             iterator = self._start(self.lease)  # every wait and stage call of the request takes the lease
@@ -168,8 +171,7 @@ class Job:
                     iterator.close()
             finally:
                 iterator = None
-                self.lease.release()  # the request ends here: its model's pin goes
-                self._admission.release()
+                self.lease.release()  # the request ends here: its model's pin and its slot go once its work ends
                 self.finished.set()
                 self._on_finish(self)
 

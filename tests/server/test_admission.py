@@ -60,3 +60,38 @@ def test_in_fresh_thread_returns_raises_and_ends_its_thread():
         if t.name == "mizuoto-compute":
             t.join(5)
     assert not any(t.name == "mizuoto-compute" for t in threading.enumerate())
+
+
+def test_a_jobs_slot_stays_taken_until_its_cancelled_requests_compute_has_ended():
+    """The slot goes with the request's lease: a cancelled job whose call still runs on a compute loop keeps it,
+    so a queued job does not start beside a computation the runtime still counts as the first one's."""
+    from mizuoto.server.jobs import Cancelled, Job
+
+    slots = JobSlots(limit=1, max_queued=1, timeout=None)
+    computing, cancelled = threading.Event(), threading.Event()
+    work: list[Lease] = []
+
+    def start(lease: Lease):
+        lease.begin_work()  # a call of the request's queued on its model's compute loop
+        work.append(lease)
+        computing.set()
+        yield from ()
+        assert cancelled.wait(10)  # the engine's next stage call would see the cancel
+        lease.check("in the test")
+
+    async def run():
+        job = Job(start, slots, slots.enter(), None, lambda job: None, lambda waited: None).run()
+        assert await asyncio.to_thread(computing.wait, 10)
+        job.cancel()
+        cancelled.set()
+        with pytest.raises(Cancelled):
+            await job.next()
+        assert await asyncio.to_thread(job.join, 10)
+        assert slots.active == 1, "the slot was given back while the request's call still ran"
+        waiting = slots.enter()
+        assert not waiting.granted.is_set() and slots.queued == 1
+        work[0].end_work()  # the call ends on its loop: the lease is released there, and the slot with it
+        assert waiting.granted.is_set() and slots.active == 1
+        slots.release()
+
+    asyncio.run(run())
