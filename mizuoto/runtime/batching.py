@@ -56,7 +56,7 @@ from mizuoto.runtime.executor import JOIN_S, Executor
 from mizuoto.runtime.lease import POLL_S, Lease, current
 from mizuoto.nn.lm.packed_linear import pack_linears
 from mizuoto.nn.lm.decoder import Decoder
-from mizuoto.nn.lm.sampling import FastSampler
+from mizuoto.nn.lm.sampling import on_device
 
 log = logging.getLogger("mizuoto.runtime")
 
@@ -135,7 +135,7 @@ class Row:
 
     def draw(self, scores: torch.Tensor, decoded: Sequence[int], generator: torch.Generator | None) -> int:
         """One token id from `scores`, with this row's generator (the engine's sampler, as unbatched)."""
-        return self.sampler(scores, decoded, generator)
+        return (self.batcher.fast_sampler if scores.device.type == "cuda" else self.sampler)(scores, decoded, generator)
 
     def external(self, items: Iterable[Any]) -> Iterator[Any]:
         """`items` (e.g. streamed text), the loop not waiting for this row while it waits for the next."""
@@ -185,7 +185,6 @@ class DecodeBatcher(Executor):
             raise ValueError(f"a batch needs a width of at least 2, got {width}")
         super().__init__(name)
         self.decoder, self.head, self.width, self.gate = decoder, head, width, gate
-        fast = decoder.embed_tokens.weight.device.type == "cuda"
         self.packed = 0  # layers packed (CPU float32 only): now, at load, so no later batch changes the decoder
         if pack:
             try:
@@ -194,7 +193,9 @@ class DecodeBatcher(Executor):
                 log.exception("%s: packing the LM's layers for the batch failed; they stay as they are", name)
         # step_rows unless captured (a GPT-2 decoder's learned positions are not in the graphed segments)
         self.batch_step = BatchStep(decoder, head, width, graphs=cuda_graphs and not decoder.config.learned_positions)
-        self.sampler = FastSampler.like(sampler) if fast else sampler
+        # the draw follows the scores: on CUDA the fast on-device form of an upstream-style sampler (the decoder is
+        # built on the host and placed later, so where it is now says nothing), elsewhere the engine's own
+        self.sampler, self.fast_sampler = sampler, on_device(sampler)
         self.rows: list[Row | None] = [None] * width
         self._strays: list[threading.Thread] = []  # producers left waiting for streamed text (joined by close)
         self.steps = 0           # batched steps run

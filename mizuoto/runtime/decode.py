@@ -23,7 +23,7 @@ import torch
 from mizuoto.runtime.graphs import GraphedCallable, new_pool, unavailable_reason, use_cuda_graphs
 from mizuoto.nn.lm.kv_cache import StaticKVCache
 from mizuoto.nn.lm.decoder import Decoder, attend
-from mizuoto.nn.lm.sampling import FastSampler, nucleus_draw, random_draw
+from mizuoto.nn.lm.sampling import FastSampler, nucleus_draw, on_device, random_draw
 
 
 class GraphDecodeStep:
@@ -294,7 +294,7 @@ class DecodeSteps:
         device = decoder.embed_tokens.weight.device
         self.decoder, self.cache, self.head = decoder, cache, head
         fast = device.type == "cuda" if fast is None else fast
-        self.sampler = FastSampler.like(sampler) if fast else sampler
+        self.sampler = on_device(sampler) if fast else sampler
         why_not = None if isinstance(cache, StaticKVCache) else "it needs compute.kv_cache=static"
         if decoder.config.learned_positions:  # the graphed segments take RoPE tables, not position embeddings
             why_not = "a decoder with learned positions (GPT-2) decodes eagerly"
@@ -316,7 +316,8 @@ class DecodeSteps:
         if self.graphs and self.step is None:
             self.step = GraphDecodeStep(self.decoder, self.cache, self.head)
             if self.step.captured:
-                self.sampler = GraphDraw(self.sampler, self.step.output)
+                if isinstance(self.sampler, FastSampler):  # an engine's own draw stays eager
+                    self.sampler = GraphDraw(self.sampler, self.step.output)
         return scores
 
     def draw(self, scores: torch.Tensor, decoded: Sequence[int], generator: torch.Generator | None) -> int:

@@ -143,3 +143,9 @@ class FastSampler(SamplerSettings):
         if self.kind == "random_sampling":
             return random_draw(scores, generator)
         return self.finish(int(self.draw(scores, generator).item()), scores, decoded, generator)
+
+
+def on_device(sampler: Any) -> Any:
+    """The fast on-device form (`FastSampler`) of an upstream-style sampler, one whose `kind` is known here; any
+    other sampler (an engine's own draw, or None) as it is: its distribution is never swapped for another."""
+    return FastSampler.like(sampler) if getattr(sampler, "kind", None) in SAMPLER_KINDS else sampler
