@@ -259,8 +259,9 @@ class Runtime:
                                              room=functools.partial(self._reserve, loaded))
                 loaded.plan = self._plan_for(loaded, None)
                 self._models[name] = loaded
-            if executor is not None:
-                executor.rename(name)  # its condition is never taken under the runtime's lock (lock order)
+            # the model's compute loop (the loading thread, or its batch) is named after it; its condition is never
+            # taken under the runtime's lock (lock order)
+            loaded.scheduler.executor.rename(name)
             while not self._try_admit(loaded, loaded.plan, waitable=end is not None and time.monotonic() < end,
                                       lease=lease):
                 self._wait_for_room(waiter)
