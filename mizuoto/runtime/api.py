@@ -220,8 +220,8 @@ class Runtime:
                                  " choose one with engine=...")
         engine, variant = picked[0]
         # The load runs on the thread that will compute for the model (its OpenMP team is then the
-        # only one its requests meet; docs/performance.md, "Threads"); a batched model brings its own
-        # loop, and the loading thread ends.
+        # only one its requests meet; docs/performance.md, "Threads"); a batching model runs on its batch
+        # loop (made as it loads, Model.batch_loop), and the loading thread ends.
         executor = Executor(f"loading-{path.name}")
         with self._lock:
             self._check_open()

@@ -14,7 +14,7 @@ from typing import Any, Union
 import torch
 
 from mizuoto.errors import AudioError, InvalidRequest
-from mizuoto.runtime.executor import Executor  # the type of Model.executor (a batching LM brings its own)
+from mizuoto.runtime.executor import Executor  # the type of Model.executor (a batching model's is its batch loop)
 from mizuoto.runtime.lease import current as current_lease
 from mizuoto.runtime.sequence import AloneSteps, RowSteps, Sequence
 from mizuoto.runtime.request_options import RequestOption, check_declared, check_given, resolve_options  # noqa: F401 (public here)
@@ -474,6 +474,7 @@ class Model(abc.ABC):
         self.executor = self._batch
         return self._batch
 
+    # -- the runtime's mechanics under compute and decode (engines never call them: tests/test_engine_api.py) ------
     def submit(self, fn: Callable[[], Any], lease: Any = None, kind: str = "call", *, urgent: bool = False) -> Any:
         """fn() on the model's executor with the request's lease (at once when already there, or with no executor).
 
@@ -490,9 +491,9 @@ class Model(abc.ABC):
         Yields the call's working memory (`Stage.call_working`). Under a runtime, the request's
         reservation grows to it first, evicting idle models or waiting for room like admission
         (RequestTooLarge when the budget can never hold it); without one, nothing is reserved.
-        Enter it where the request may wait: in the request's own thread, before submitting the
-        call to a batched model's compute loop. Without a `lease`, the lease of the request whose code
-        runs (`runtime.lease.current`).
+        `compute` enters it where the request may wait: in the request's own thread, before it sends
+        the call to a batched model's compute loop. Without a `lease`, the lease of the request whose
+        code runs (`runtime.lease.current`).
         """
         working = self.stage(stage).call_working(**sizes)
         lease = lease if lease is not None else current_lease()

@@ -83,13 +83,13 @@ class Scheduler:
         self._arrivals = itertools.count()
         self.finished: collections.deque[Request] = collections.deque(maxlen=RECENT)  # the last ones, for requests()
         own = model.batch_loop()  # a batching model's continuous batch, made now (at load) if not yet
-        # `executor`: the one the model was loaded on, kept for its requests (unless it brings its own)
+        # `executor`: the one the model was loaded on, kept for its requests (unless it batches: its batch loop)
         self.executor: Executor = own if own is not None else executor if executor is not None else Executor(name)
         # A model running one request at a time has each step of its chunk iterator run on the executor here. One
         # that runs several at once (batch_width > 1) runs its requests' own code in their threads and submits its
-        # compute (Model.submit) to the executor: the runtime's, or the batch loop it brought.
+        # compute (Model.compute, Model.decode) to the executor: the runtime's, or the model's batch loop.
         self._runs_chunks = own is None and model.batch_width <= 1
-        self._made = own is None  # close() closes the executor unless the model brought it
+        self._made = own is None  # close() closes the executor unless it is the model's batch (Model.close closes it)
         model.executor = self.executor
         self.executor.placement = self
 
