@@ -89,7 +89,7 @@ class Scheduler:
         # that runs several at once (batch_width > 1) runs its requests' own code in their threads and submits its
         # compute (Model.compute, Model.decode) to the executor: the runtime's, or the model's batch loop.
         self._runs_chunks = own is None and model.batch_width <= 1
-        self._made = own is None  # close() closes the executor unless it is the model's batch (Model.close closes it)
+        self._made = own is None  # the scheduler made the executor (else it is the model's batch)
         model.executor = self.executor
         self.executor.placement = self
 
@@ -339,11 +339,12 @@ class Scheduler:
                 chunks.close()
 
     def close(self) -> None:
-        """Stop and join the executor this scheduler made (a model's own one closes with the model); the model,
-        if used on, runs where its modules are."""
+        """Stop and join the model's compute loop (the executor this scheduler made, or the model's batch: an
+        engine's own close need not remember it; closing twice is harmless); the model, if used on, runs where
+        its modules are."""
         self.executor.placement = None
+        self.executor.close()
         if self._made:
-            self.executor.close()
             self.model.executor = None
 
     # -- the executor's placement (Model.use, Model.room) ----------------------------------------
