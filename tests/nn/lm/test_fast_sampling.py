@@ -232,3 +232,19 @@ def test_real_vocabulary_size(dtype):
             g = torch.Generator().manual_seed(i)
             assert int(nucleus_draw(scores.clone(), g, TOP_P, TOP_K, fixed_draws=False)) == want
             assert torch.equal(g.get_state(), want_state)
+
+
+def test_only_an_upstream_style_sampler_gets_the_fast_form():
+    """A sampler whose kind this module knows gets its on-device form; an engine's own draw (no kind, or one
+    unknown here) and None stay as they are, never swapped for another distribution."""
+    from mizuoto.nn.lm.sampling import FastSampler, SamplerSettings, on_device
+
+    class Own:
+        def __call__(self, scores, decoded, generator):
+            return 0
+
+    own, odd = Own(), Own()
+    odd.kind = "beam_search"
+    assert on_device(own) is own and on_device(odd) is odd and on_device(None) is None
+    fast = on_device(SamplerSettings(kind="nucleus_sampling", top_p=0.7, top_k=10))
+    assert isinstance(fast, FastSampler) and (fast.kind, fast.top_p, fast.top_k) == ("nucleus_sampling", 0.7, 10)
