@@ -211,7 +211,7 @@ class DecodeBatcher(Executor):
 
     def run(self, produce: Callable[[Any], Iterator[int]], lease: Lease | None = None,
             rows: int = 1) -> Iterator[int]:
-        """Yield the tokens of `produce(row)` (the engine's token loop, given `steps=row`) run in a row.
+        """Yield the tokens of `produce(row)` (the engine's token loop over the row's steps, `runtime.sequence`).
 
         `rows` > 1: the sequence takes that many rows at once (classifier-free guidance's conditioned
         and unconditioned rows) and `produce` gets them as a tuple. Waits for free rows first. The

@@ -8,6 +8,7 @@ segments, as upstream's global generator is.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections import OrderedDict
@@ -23,7 +24,7 @@ from mizuoto.engines.cosyvoice.hift import load_hift
 from mizuoto.engines.cosyvoice.llm import QwenSpeechLM, drop_silent_runs, load_lm
 from mizuoto.engines.cosyvoice.memory import FlowMemory, HiftMemory, LmMemory, admission
 from mizuoto.engines.cosyvoice.noise import cosyvoice3_noise
-from mizuoto.engines.cosyvoice.synthesis import Synthesizer, request_generators, schedule_for
+from mizuoto.engines.cosyvoice.synthesis import Synthesizer, fp16_autocast, request_generators, schedule_for
 from mizuoto.engines.cosyvoice.variants import find_variant, load_config
 from mizuoto.nn.vocoders.f0 import f0_device
 from mizuoto.runtime.engine import (MODES, AudioChunk, Capabilities, Engine, Model, Reference, Stage,
@@ -178,12 +179,7 @@ class CosyVoiceModel(Model):
             return None
         # the LM is built on the CPU and placed later: a batch packs its layers only if it stays there
         return self.llm.sequence(self._graphs_arg.get("cuda_graphs", False), pack=device.type == "cpu",
-                                 context=self._autocast)
-
-    def _autocast(self, device: torch.device) -> Any:
-        """Upstream's fp16: `torch.cuda.amp.autocast(fp16)` around the LM's token loop (CUDA only)."""
-        return torch.autocast("cuda", dtype=torch.float16,
-                              enabled=self.options.precision == "fp16" and torch.device(device).type == "cuda")
+                                 context=functools.partial(fp16_autocast, self.options.precision))
 
     def _capabilities(self) -> Capabilities:
         modes = set()

@@ -2,8 +2,9 @@
 
 The Synthesizer calls the model's stage modules directly through one interface each: the LM's
 `generate` / `generate_bistream`, the flow's `token2mel` and the vocoder's `vocode` (each
-generation's class implements them), every call inside the model's `use(stage)` so the
-scheduler can place that stage first. Chunks stay on the stage's device between stages.
+generation's class implements them), each call stated to the model (`compute(stage, ...)`; the
+LM's token loop `decode("llm", ...)`) so the runtime reserves, places and runs it. Chunks stay on
+the stage's device between stages.
 
 Upstream runs the LM in a thread and polls its token list; the chunk boundaries depend only on
 the token sequence, so running the LM in the request's thread and cutting chunks as tokens
@@ -120,9 +121,7 @@ class Synthesizer:
                 "flow_embedding": torch.zeros(0, 192), "source_speech_token": no_tokens}
 
     def _autocast(self, device: torch.device) -> contextlib.AbstractContextManager:
-        """Upstream's fp16: `torch.cuda.amp.autocast(fp16)` around the LM and the flow (CUDA only)."""
-        return torch.autocast("cuda", dtype=torch.float16,
-                              enabled=self.precision == "fp16" and torch.device(device).type == "cuda")
+        return fp16_autocast(self.precision, device)
 
     # -- the three stages ---------------------------------------------------------------------
     def lm_tokens(self, inputs: dict[str, Any], generator: torch.Generator, **sizes: int) -> Iterator[int]:
@@ -335,6 +334,11 @@ class Synthesizer:
         speech = speech[:, state.speech_offset:]
         state.speech_offset += speech.shape[1]
         return speech
+
+
+def fp16_autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """Upstream's fp16: `torch.cuda.amp.autocast(fp16)` around the LM and the flow (CUDA only)."""
+    return torch.autocast("cuda", dtype=torch.float16, enabled=precision == "fp16" and torch.device(device).type == "cuda")
 
 
 def request_generators(seed: int, stream: bool, has_lm: bool) -> tuple[torch.Generator, torch.Generator]:
