@@ -50,6 +50,7 @@ SAMPLES_PER_CHUNK = 1024  # as wyoming-piper: small audio-chunk events keep a pl
 _ATTRIBUTION = Attribution(name="Mizuoto", url="")
 _CLONES = frozenset({"clone", "cross_lingual", "instruct"})
 LAST_WORD_S = 5.0  # how long the error event before a close may wait for a client that reads nothing
+LINGER_BYTES = 1 << 20  # what a client may still send after that error before it is cut off
 
 
 @dataclass(frozen=True)
@@ -305,10 +306,28 @@ class WyomingHandler(AsyncEventHandler):
             raise ConnectionError(f"the client read nothing for {idle:g} s") from None
 
     async def _last_word(self, e: ApiError) -> None:
+        """Send the error, then end our side and discard what the client still sends (at most LAST_WORD_S).
+
+        Closing a socket with unread input sends a reset, and a reset can destroy the error event in the
+        client's buffers before it reads it (a client still writing, dripping text, is the common case);
+        a half-close first lets it read the error and then the end, as servers linger before closing.
+        """
         try:
             await asyncio.wait_for(self.report(e), LAST_WORD_S)
+            if self.writer.can_write_eof():
+                self.writer.write_eof()
+            await asyncio.wait_for(self._discard_until_end(), LAST_WORD_S)
         except (asyncio.TimeoutError, ConnectionError):
-            self.writer.transport.abort()  # the client reads nothing: a plain close would wait for it
+            self.writer.transport.abort()  # the client reads nothing, or still sends: a plain close would wait
+
+    async def _discard_until_end(self) -> None:
+        """Read and drop the client's bytes until it closes its side; one sending more than LINGER_BYTES is cut
+        off (a client sending what a refused header declared is not read on)."""
+        left = LINGER_BYTES
+        while data := await self.reader.read(min(left, 1 << 16)):
+            left -= len(data)
+            if left <= 0:
+                raise ConnectionError("the client goes on sending after the error")
 
     async def handle_event(self, event: Event) -> bool:
         """Answer one event; failures become error events and the connection stays open."""

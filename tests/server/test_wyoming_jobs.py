@@ -147,6 +147,29 @@ def test_an_event_declaring_too_much_is_refused_before_its_bytes_are_read(slow_s
     assert WyomingService(state).max_event_bytes() < 1 << 20, "the bound follows the text limit, not 2 GB"
 
 
+def test_a_client_still_writing_after_the_error_reads_the_error_and_the_end(slow_server):
+    """The server's last word survives a client that goes on writing: the bytes that follow a refused header are
+    already in the server's buffers when it closes, and a close with unread input resets the connection (the
+    client's next write broke its reader, the error unread). The server ends its side and drains instead."""
+    port, _ = slow_server
+
+    async def run():
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(b'{"type": "synthesize", "data_length": "64"}\n' + b" " * 4096)
+            await writer.drain()
+            await asyncio.sleep(0.5)  # the server has answered and ended its side by now
+            for _ in range(3):  # a reset by then would make these writes fail, and the reader with them
+                writer.write(b" " * 4096)
+                await writer.drain()
+                await asyncio.sleep(0.05)
+            events = await _events_until_closed(reader)
+        finally:
+            writer.close()
+        assert [e.type for e in events] == ["error"], events
+    asyncio.run(run())
+
+
 def test_the_bytes_a_huge_header_declares_are_not_buffered(slow_server):
     """A client that goes on sending what its 2 GB header declared is cut off: the server reads none of it, and its
     resident memory does not grow by what was sent (the `wyoming` package's reader kept it all: +300 MB)."""
