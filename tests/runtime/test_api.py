@@ -170,7 +170,7 @@ def _peaks(tone_dir):
 
 def _call_peak(rt, name, request, stage, **sizes):
     """The peak of `request`'s plan while one `stage` call on inputs of these sizes runs (as Model.room makes it)."""
-    plan = rt._plan_for(rt._get(name), request)
+    plan = rt.memory.plan_for(rt._get(name), request)
     working = rt.model(name).stage(stage).call_working(**sizes)
     stages = [replace(s, working=working) if s.name == stage else s for s in plan.stages]
     return plan_model(name, stages, plan.budget, plan.device, plan.stream).peak
@@ -276,7 +276,7 @@ def test_a_batched_model_admits_a_joining_request_only_while_its_working_memory_
     requests = [SynthesisRequest(**r, mode="preset", voice="low", seed=0, stream=True) for r in (first, second)]
     with Runtime(engines=[ToneEngine], plugins=False) as rt:
         name = rt.load(tone_dir)
-        peaks = [rt._plan_for(rt._get(name), r).peak for r in requests]
+        peaks = [rt.memory.plan_for(rt._get(name), r).peak for r in requests]
         rows = [rt.model(name).stage("notes").working_memory(r) for r in requests]
         together = max(peaks[0] + rows[1], peaks[1] + rows[0])
         assert max(rt.plan(name).peak, rt.plan(name, stream=True).peak, *peaks) <= together - 1
@@ -311,7 +311,7 @@ def test_a_batched_model_admits_a_joining_request_only_while_its_working_memory_
 def test_listing_models_while_another_thread_unloads_one(rt, tone_dir, monkeypatch):
     """models() describes the models loaded when it was called, even if one goes while it runs."""
     first, second = rt.load(tone_dir), rt.load(tone_dir)
-    pool = rt._pool(rt.info(first).device)
+    pool = rt.memory.pool(rt.info(first).device)
     inside, unloaded = threading.Event(), threading.Event()
     state = pool.state
 
@@ -444,7 +444,7 @@ def test_two_requests_each_waiting_for_the_others_room_do_not_deadlock(tone_dir,
     peak, _ = _peaks(tone_dir)
     with Runtime(engines=[ToneEngine], plugins=False) as probe:
         name = probe.load(tone_dir)
-        small = probe._plan_for(probe._get(name), SynthesisRequest("ab", voice="low")).peak
+        small = probe.memory.plan_for(probe._get(name), SynthesisRequest("ab", voice="low")).peak
         long_need = _call_peak(probe, name, SynthesisRequest("ab" * 300, voice="low", speed=0.25), "render",
                                notes=600, samples=int(NOTE_SECONDS * 16000 / 0.25))
     assert long_need > peak >= small
@@ -464,9 +464,9 @@ def test_two_requests_each_waiting_for_the_others_room_do_not_deadlock(tone_dir,
         a = threading.Thread(target=lambda: first.append(list(rt.synthesize(x, "ab" * 300, voice="low", speed=0.25))))
         a.start()
         end = time.monotonic() + 10
-        while not rt._room_waits and time.monotonic() < end:  # A pins x and waits for y's room
+        while not rt.memory._room_waits and time.monotonic() < end:  # A pins x and waits for y's room
             time.sleep(0.01)
-        assert rt._room_waits
+        assert rt.memory._room_waits
         started = time.monotonic()
         with pytest.raises(MemoryBudgetError, match="gives way"):
             list(rt.synthesize(y, "ab" * 300, voice="low", speed=0.25, lease=second))

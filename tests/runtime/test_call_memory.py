@@ -25,7 +25,7 @@ SHORT = SynthesisRequest("ab", voice="low", seed=0)
 
 def _figures(rt, name, request):
     """(admitted peak, peak during the request's one render call)."""
-    plan = rt._plan_for(rt._get(name), request)
+    plan = rt.memory.plan_for(rt._get(name), request)
     samples = int(NOTE_SECONDS * 16000 / request.speed)
     notes = sum(not c.isspace() for c in request.text)
     working = rt.model(name).stage("render").call_working(notes=notes, samples=samples)
@@ -46,17 +46,17 @@ def test_a_request_is_admitted_with_the_least_it_needs_and_its_call_reserves_the
     with Runtime(engines=[ToneEngine], plugins=False) as rt:
         name = rt.load(tone_dir)
         admitted, during = _figures(rt, name, LONG)
-        assert during > admitted == rt._plan_for(rt._get(name), SHORT).peak
+        assert during > admitted == rt.memory.plan_for(rt._get(name), SHORT).peak
         seen = []
         place = rt._get(name).scheduler.place
 
         def watching(stage, lease=None):  # what the pool holds for the model while each call runs
-            seen.append((stage, rt._pool("cpu").used()[0]))
+            seen.append((stage, rt.memory.pool("cpu").used()[0]))
             return place(stage, lease)
         rt._get(name).scheduler.place = watching
         list(rt.synthesize(name, LONG))
         assert ("render", during) in seen and ("notes", admitted) in seen
-        assert rt._pool("cpu").used()[0] == admitted  # given back after the call
+        assert rt.memory.pool("cpu").used()[0] == admitted  # given back after the call
 
 
 def test_a_call_evicts_an_idle_model_to_make_its_room(tone_dir, tmp_path):
@@ -80,7 +80,7 @@ def test_a_call_the_budget_can_never_hold_fails_that_request_with_the_figures(to
         with pytest.raises(RequestTooLarge, match=r"refused at its render call \(notes 3000, samples 960\):"
                                                   r" model tone does not fit"):
             next(chunks)
-        assert rt.pins(name) == 0 and rt._pool("cpu").used()[0] == rt.plan(name).peak
+        assert rt.pins(name) == 0 and rt.memory.pool("cpu").used()[0] == rt.plan(name).peak
         assert list(rt.synthesize(name, SHORT))  # the model serves the next request
 
 
@@ -145,21 +145,21 @@ def test_a_reservation_inside_one_it_fits_in_adds_nothing_and_two_stages_reserve
         name = rt.load(tone_dir)
         loaded = rt._get(name)
         lease = Lease()
-        lease.plan = rt._plan_for(loaded, SHORT)
+        lease.plan = rt.memory.plan_for(loaded, SHORT)
         rt._pin(name, lease)
-        used = lambda: rt._pool("cpu").used()[0]  # noqa: E731
+        used = lambda: rt.memory.pool("cpu").used()[0]  # noqa: E731
         with loaded.scheduler.hold(lease, peak=lease.plan.peak):
-            rt._try_admit(loaded, lease.plan, lease=lease)
+            rt.memory.try_admit(loaded, lease.plan, lease=lease)
             admitted = used()
             big = 4 << 20
-            with rt._reserve(loaded, "render", lease, big, {"notes": 1}):
+            with rt.memory.reserve(loaded, "render", lease, big, {"notes": 1}):
                 grown = used()
                 assert grown > admitted
-                with rt._reserve(loaded, "render", lease, big // 2, {"notes": 1}):
-                    assert used() == grown and rt._calls[lease] == {"render": big}
+                with rt.memory.reserve(loaded, "render", lease, big // 2, {"notes": 1}):
+                    assert used() == grown and rt.memory._calls[lease] == {"render": big}
                 assert used() == grown
-                with rt._reserve(loaded, "listen", lease, 2 * big, {"seconds": 1}):
-                    assert rt._calls[lease] == {"render": big, "listen": 2 * big} and used() > grown
-                assert used() == grown and rt._calls[lease] == {"render": big}
-            assert used() == admitted and lease not in rt._calls
+                with rt.memory.reserve(loaded, "listen", lease, 2 * big, {"seconds": 1}):
+                    assert rt.memory._calls[lease] == {"render": big, "listen": 2 * big} and used() > grown
+                assert used() == grown and rt.memory._calls[lease] == {"render": big}
+            assert used() == admitted and lease not in rt.memory._calls
         lease.release()

@@ -182,7 +182,7 @@ def test_listing_and_planning_every_model_while_one_is_unloaded(tone_dir, tmp_pa
     other = write_model(tmp_path / "other")
     with Runtime(engines=[ToneEngine], plugins=False, voices=False) as rt:
         first, second = rt.load(tone_dir), rt.load(other)
-        original = rt._plan_for
+        original = rt.memory.plan_for
         unloaded = []
 
         def plan_for(loaded, request, stream=False):  # the unload lands between two models' plans
@@ -190,7 +190,7 @@ def test_listing_and_planning_every_model_while_one_is_unloaded(tone_dir, tmp_pa
                 rt.unload(second if loaded.name == first else first)
                 unloaded.append(True)
             return original(loaded, request, stream)
-        rt._plan_for = plan_for
+        rt.memory.plan_for = plan_for
         plans = rt.plan()
         assert len(plans) == 2 and all(p.peak > 0 for p in plans.values())
         assert len(rt.models()) == 1
@@ -205,10 +205,10 @@ def test_requests_waiting_for_memory_keep_their_arrival_order(tone_dir, tmp_path
     wide = write_model(tmp_path / "wide", hidden=1024)  # a long text's notes outweigh the planned listen stage
     with Runtime(engines=[ToneEngine], plugins=False, voices=False) as probe:
         name = probe.load(wide)
-        small = probe._plan_for(probe._get(name), SynthesisRequest("ab", voice="low")).peak
-        long_peak = probe._plan_for(probe._get(name), long_request).peak
+        small = probe.memory.plan_for(probe._get(name), SynthesisRequest("ab", voice="low")).peak
+        long_peak = probe.memory.plan_for(probe._get(name), long_request).peak
         other = write_model(tmp_path / "other")
-        beside = probe._plan_for(probe._get(probe.load(other)), SynthesisRequest("ab", voice="low")).peak
+        beside = probe.memory.plan_for(probe._get(probe.load(other)), SynthesisRequest("ab", voice="low")).peak
     assert long_peak > small
     # both models fit with short requests; x's long one only once y's is gone
     with Runtime(ram=long_peak + beside - 1, engines=[ToneEngine], plugins=False, voices=False) as rt:
@@ -221,7 +221,7 @@ def test_requests_waiting_for_memory_keep_their_arrival_order(tone_dir, tmp_path
         order: list = []
         first = threading.Thread(target=lambda: order.append(("long", len(list(rt.synthesize(x, long_request))))))
         first.start()
-        assert _until(lambda: bool(rt._room_waits))
+        assert _until(lambda: bool(rt.memory._room_waits))
         second = threading.Thread(target=lambda: order.append(("short", len(list(rt.synthesize(x, "ab", voice="low"))))))
         second.start()
         line = rt._get(x).scheduler
@@ -270,8 +270,8 @@ def test_a_cancelled_requests_call_reservation_stays_until_the_call_ends(tone_di
             error, took = cancel_during(lambda: list(rt.synthesize(name, "abc", voice="low", lease=lease)), lease,
                                         gate.entered.is_set, settle=0.0)
             assert isinstance(error, RequestCancelled) and took < 1.0
-            assert "render" in rt._calls.get(lease, {}), "the running call's reservation was released"
+            assert "render" in rt.memory._calls.get(lease, {}), "the running call's reservation was released"
             assert rt.pins(name) == 1
         finally:
             gate.go.set()
-        assert _until(lambda: lease not in rt._calls and rt.pins(name) == 0 and lease.released)
+        assert _until(lambda: lease not in rt.memory._calls and rt.pins(name) == 0 and lease.released)

@@ -387,7 +387,7 @@ def test_a_request_whose_memory_exceeds_the_budget_is_refused_with_the_figure(ho
         name = probe.load(served_dirs["cosy"])
         model_peak = probe.plan(name).peak
         request = SynthesisRequest(text, voice="any", mode="clone")  # the plan reads the text only
-        least = probe._plan_for(probe._get(name), request).peak
+        least = probe.memory.plan_for(probe._get(name), request).peak
     assert least > 2 * model_peak
     server = h.start_server({"cosy": served_dirs["cosy"]}, ram=(model_peak + least) // 2)
     try:

@@ -46,7 +46,7 @@ def _budget(served_dirs, h) -> int:
         piper = rt.load(served_dirs["piper"])
         bounds = [rt.plan(n, stream=s).peak for n in (cosy, piper) for s in (False, True)]
         longest = check_request(SynthesisRequest(LONG, voice=ref, stream=True), rt.model(cosy))
-        need = rt._plan_for(rt._get(cosy), longest).peak  # what that request's turn admits
+        need = rt.memory.plan_for(rt._get(cosy), longest).peak  # what that request's turn admits
     budget = max(need, *bounds) + (1 << 20)
     # a long stream cannot be admitted beside piper's plan: requests of one evict the other
     assert need + min(bounds[2:]) > budget, "the budget must not hold a long stream beside piper"
