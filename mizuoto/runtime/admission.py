@@ -88,9 +88,10 @@ class MemoryManager:
     def pool(self, device: str) -> Pool:
         """The pool of `device`, made with the runtime's budgets when it is first used."""
         key = _device_key(device)
-        if key not in self._pools:
-            self._pools[key] = self._new_pool(key, self.vram, self.ram)
-        return self._pools[key]
+        with self._cond:  # two first users of a device would each make one, and admit into different pools
+            if key not in self._pools:
+                self._pools[key] = self._new_pool(key, self.vram, self.ram)
+            return self._pools[key]
 
     @staticmethod
     def _new_pool(device: str, vram: int | None, ram: int | None) -> Pool:

@@ -197,6 +197,7 @@ class Runtime:
         except BaseException:
             with self._lock:
                 if loaded is not None and self._models.get(name) is loaded:
+                    self.memory.release(loaded)  # admitted before its modules failed to move: its room goes too
                     self._forget(loaded)
             if loaded is not None:
                 loaded.scheduler.close()
@@ -241,6 +242,8 @@ class Runtime:
         """Close a model and free its memory."""
         with self._lock:
             loaded = self._get(model)
+            if not loaded.admitted:  # its load owns it until it returns, and closes it if it fails
+                raise ModelBusy(f"model {model} is still loading; unload it once load() has returned")
             if self._pins.get(model) or loaded.scheduler.busy:
                 raise ModelBusy(f"model {model} is running a request; finish or close it first")
             self.memory.release(loaded)

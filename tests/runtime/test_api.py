@@ -473,3 +473,76 @@ def test_two_requests_each_waiting_for_the_others_room_do_not_deadlock(tone_dir,
         assert time.monotonic() - started < 1.0
         a.join(30)
         assert not a.is_alive() and first and first[0], "A did not run once B gave way"
+
+
+def test_a_load_failing_after_its_admission_gives_its_room_back(tone_dir, tmp_path, monkeypatch):
+    """Admitted, then its modules fail to move: the model goes and so does its room in the pool (a room left
+    behind was evicted later under a name no longer loaded: KeyError)."""
+    from mizuoto.runtime.scheduler import Scheduler
+
+    peak, _ = _peaks(tone_dir)
+    other = write_model(tmp_path / "other")
+    sync = Scheduler.sync
+
+    def failing(self, lease=None):
+        raise RuntimeError("the modules could not be moved")
+    with Runtime(ram=peak + peak // 2, engines=[ToneEngine], plugins=False) as rt:
+        monkeypatch.setattr(Scheduler, "sync", failing)
+        with pytest.raises(RuntimeError, match="could not be moved"):
+            rt.load(tone_dir)
+        assert rt.models() == [] and rt.memory.pool("cpu").order() == []
+        monkeypatch.setattr(Scheduler, "sync", sync)
+        first = rt.load(tone_dir)
+        second = rt.load(other)  # evicts the first: the only room held is its
+        assert [m.name for m in rt.models()] == [second] and first != second
+
+
+def test_a_model_still_loading_cannot_be_unloaded(tone_dir, tmp_path):
+    """A load waiting for room owns its model until it returns: unload refuses it (it closed the model under the
+    load, which then closed it again)."""
+    from mizuoto.errors import ModelBusy
+    from mizuoto.runtime.lease import Lease
+    from mizuoto.testing.waits import cancel_during
+
+    peak, _ = _peaks(tone_dir)
+    other = write_model(tmp_path / "other")
+    with Runtime(ram=peak + peak // 2, engines=[ToneEngine], plugins=False) as rt:
+        first = rt.load(tone_dir, lease=Lease())  # pinned for good: the second load waits for room
+        loading, refused = Lease(), []
+
+        def waiting() -> bool:
+            if "other" in [m.name for m in rt.models()]:
+                with pytest.raises(ModelBusy, match="still loading") as e:
+                    rt.unload("other")
+                refused.append(e.value)
+                return True
+            return False
+        cancel_during(lambda: rt.load(other, name="other", wait=30, lease=loading), loading, waiting)
+        assert refused and [m.name for m in rt.models()] == [first]
+
+
+def test_two_first_users_of_a_device_share_one_pool(rt, monkeypatch):
+    """The pool of a device is made once, under the lock: a second user arriving while the first makes it gets
+    the same pool (each made its own, and their admissions went to different pools)."""
+    from mizuoto.runtime.admission import MemoryManager
+
+    made, entered, go = MemoryManager._new_pool, threading.Event(), threading.Event()
+
+    def slow(device, vram, ram):
+        if not entered.is_set():
+            entered.set()
+            assert go.wait(10)
+        return made(device, vram, ram)
+    monkeypatch.setattr(MemoryManager, "_new_pool", staticmethod(slow))
+    pools: dict[str, object] = {}
+    first = threading.Thread(target=lambda: pools.setdefault("first", rt.memory.pool("cpu")))
+    second = threading.Thread(target=lambda: pools.setdefault("second", rt.memory.pool("cpu")))
+    first.start()
+    assert entered.wait(10)
+    second.start()
+    second.join(1)  # it waits for the first (it would have made its own by now)
+    go.set()
+    first.join(10)
+    second.join(10)
+    assert not first.is_alive() and not second.is_alive()
+    assert pools["first"] is pools["second"] is rt.memory.pool("cpu")
