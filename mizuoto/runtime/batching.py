@@ -1,15 +1,17 @@
 """Continuous batching of a decoder LM: concurrent sequences share its one-token steps.
 
 A model with a batch width W > 1 runs up to W requests at once. Each request's token loop (the
-engine's own `generate`) runs in a producer thread of its own and talks to its *row* as it
-would to `DecodeSteps`: `scores(inputs)` and `draw(...)`. The batch loop, one long-lived thread
-per model, does every forward pass: a row's multi-position input (its prefill, or a streamed-text
-piece) alone, at batch 1, exactly as a request running alone does; one-position inputs of all
-rows together, in one step of fixed width W (empty rows are zeros), attention per row over
-that row's own KV cache. Tokens go to the request through a queue as they are drawn, so the
-rows' steps never wait for a request's flow and vocoder work; that work runs on the loop's
-thread too (`call`), alternating with the steps, so all of the model's heavy compute runs on one
-long-lived thread: the batch loop is the model's executor (`runtime.executor.Executor`).
+engine's own, `runtime.sequence`) is a coroutine this loop drives on its own thread: the loop
+sends it each pass's scores, and it runs to its next pass (drawing its token, building its next
+input) and yields that pass's inputs (`sequence.Forward`), its tokens in between. No request has
+a thread of its own here: the batch loop, one long-lived thread per model, runs every forward
+pass and every row's loop. A row's multi-position input (its prefill, or a streamed-text piece)
+runs alone, at batch 1, exactly as a request running alone does; one-position inputs of all rows
+together, in one step of fixed width W (empty rows are zeros), attention per row over that row's
+own KV cache. Tokens go to the request through a queue as they are drawn, so the rows' steps
+never wait for a request's flow and vocoder work; that work runs on the loop's thread too
+(`call`), alternating with the steps, so all of the model's heavy compute runs on one long-lived
+thread: the batch loop is the model's executor (`runtime.executor.Executor`).
 
 Why the width is fixed: on the CPU a row of a linear layer at batch 1 differs in the last bits
 from the same row at batch 2, and batch 16 from batches 2-8; at one fixed width a row's result
@@ -18,17 +20,21 @@ fixture case). So a seeded request gives the same tokens under any load; they ma
 the unbatched path's (which is upstream's), and the docs say how often.
 
 Each row keeps its own generator, sampler state, length limits and KV cache (the engine makes
-the cache, sized as its options say); a row leaves when its sequence ends, freeing its place. A
-sequence may take several rows at once (`run(..., rows=2)`: classifier-free guidance's conditioned
-and unconditioned rows, Chatterbox's T3): they join together when that many are free, and its
-token loop submits each row's input before collecting each result, so they share the step.
+the cache, sized as its options say); a sequence's rows leave when its loop ends, freeing their
+places. A sequence may take several rows at once (`run(..., rows=2)`: classifier-free guidance's
+conditioned and unconditioned rows, Chatterbox's T3): they join together when that many are free
+and their inputs share a pass.
 
-A row moves through explicit states (PRODUCING, WAITING, PENDING, RUNNING, FINISHED below). The
-loop copies what a pass reads when it takes the work, under the condition, so a consumer that
-leaves mid-pass ends its own row only. Every wait of a request (a place in the batch, its row's
-pass, a call, its next token) takes the request's lease and ends with it. An error in a forward
-pass goes to that pass's rows; a failure of the loop itself goes to every request waiting on it,
-and the loop goes on. close() answers everything still waiting and joins the loop.
+A sequence (`_Line`) moves through explicit states: READY (its loop is to be resumed), FORWARD
+(its rows' inputs wait for or run in a pass), TEXT (it waits for streamed input, which the
+request's thread takes from its source: the caller's iterator never blocks the loop), ENDED. The
+loop copies what a pass reads when it takes the work, under the condition, so a request that
+leaves mid-pass ends its own rows only. A request leaving (its token iterator closed, its lease
+cancelled) is a message to the loop: its loop is closed there, on the loop's thread, after any
+pass of its still running, and its rows and its lease's work end then. Every wait of a request (a
+place in the batch, its next token) takes the request's lease and ends with it. An error in a
+forward pass goes to that pass's rows; a failure of the loop itself goes to every request waiting
+on it, and the loop goes on. close() answers everything still waiting and joins the loop.
 
 On the CPU the batcher packs the decoder's layers when it is made, at the model's load
 (`mizuoto.nn.lm.packed_linear`: weights in column blocks, products 2x faster at 8 rows than
@@ -44,116 +50,75 @@ import contextlib
 import contextvars
 import logging
 import queue
-import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 
 from mizuoto.errors import RequestCancelled
 from mizuoto.runtime.decode import BatchStep
-from mizuoto.runtime.executor import JOIN_S, Executor
+from mizuoto.runtime.executor import Executor
 from mizuoto.runtime.lease import POLL_S, Lease, current
+from mizuoto.runtime.sequence import Forward, Next
 from mizuoto.nn.lm.packed_linear import pack_linears
 from mizuoto.nn.lm.decoder import Decoder
 from mizuoto.nn.lm.sampling import on_device
 
 log = logging.getLogger("mizuoto.runtime")
-
-# How long the batch loop waits for a row still drawing its token before stepping without it.
-# A row that misses a step joins the next one: results do not depend on it, only throughput.
-STRAGGLER_WAIT_S = 0.05
 _END = object()
 
 
 class _Stopped(RequestCancelled):
-    """The request consuming a row went away; its producer unwinds."""
+    """The request consuming a sequence went away; its loop is closed."""
 
 
-# A row's states. The producer (the request's token loop) moves a row from PRODUCING to PENDING by
-# handing it an input; the loop moves it to RUNNING when it takes that input for a pass (copying
-# the input and the cache under the condition) and back to PRODUCING when it delivers the result.
-PRODUCING = "producing"  # the producer runs its own code (drawing, streamed text); the loop may wait for it
-WAITING = "waiting"      # the producer waits for something else (streamed text): steps go on without it
-PENDING = "pending"      # an input is waiting for the loop
-RUNNING = "running"      # the loop is running the row's input
-FINISHED = "finished"    # the consumer left or the row's sequence ended
+# A row's states: IDLE (its sequence's loop runs or waits), PENDING (an input waits for a pass), RUNNING (in one).
+IDLE, PENDING, RUNNING = "idle", "pending", "running"
+# A sequence's states (see the module docstring).
+READY, FORWARD, TEXT, ENDED = "ready", "forward", "text", "ended"
 
 
 class Row:
-    """One sequence's place in the batch; implements `decode.TokenSteps` for the engine's token loop.
-
-    Every field but `cache` and `sampler` is read and written under the batcher's condition.
-    """
+    """One row of a sequence in the batch: its cache and the input it waits a pass for (under the batcher's condition)."""
 
     def __init__(self, batcher: "DecodeBatcher", index: int, lease: Lease | None) -> None:
         self.batcher, self.index, self.lease = batcher, index, lease
         self.cache: Any = None
         self.sampler = batcher.sampler
-        self.state = PRODUCING
+        self.state = IDLE
         self.pending: torch.Tensor | None = None
-        self.result: Any = None
-        self.owing = False  # its input counts as its lease's work until answered
-        self.done = threading.Event()
+        self.line: _Line | None = None
 
     def attach(self, cache: Any) -> "Row":
-        """Adopt the KV cache the engine made for this sequence; the row is then its decode steps."""
+        """Adopt the KV cache the engine made for this row."""
         self.cache = cache
         return self
 
     def compute(self, fn: Callable[[], Any]) -> Any:
-        """fn() on the batch loop's thread (the engine builds its LM input there: no OpenMP team here)."""
+        """fn() on the batch loop's thread (the engine builds its LM input there: no OpenMP team elsewhere)."""
         return self.batcher.call(fn, self.lease, "lm input")
-
-    def scores(self, inputs: torch.Tensor) -> torch.Tensor:
-        """Feed (1, T, hidden) inputs; the head's output for the last position, once the loop has run it."""
-        self.submit(inputs)
-        return self.collect()
-
-    def submit(self, inputs: torch.Tensor) -> None:
-        """Hand the loop (1, T, hidden) inputs without waiting: a sequence of several rows submits each, then
-        collects each, so its rows can share a pass."""
-        b = self.batcher
-        with b.cond:
-            b.check_open()
-            if self.state == FINISHED:
-                raise _Stopped("the request was closed")
-            self.done.clear()
-            self.pending, self.state = inputs, PENDING
-            if self.lease is not None:  # the request's work until the loop delivers its result
-                self.lease.begin_work()
-                self.owing = True
-            b.cond.notify_all()
-
-    def collect(self) -> torch.Tensor:
-        """The head's output for the inputs submitted last, once the loop has run them."""
-        self.batcher.wait_for(self.done, self.lease, "while its LM step ran")
-        result, self.result = self.result, None
-        if isinstance(result, BaseException):
-            raise result
-        return result
 
     def draw(self, scores: torch.Tensor, decoded: Sequence[int], generator: torch.Generator | None) -> int:
         """One token id from `scores`, with this row's generator (the engine's sampler, as unbatched)."""
         return (self.batcher.fast_sampler if scores.device.type == "cuda" else self.sampler)(scores, decoded, generator)
 
-    def external(self, items: Iterable[Any]) -> Iterator[Any]:
-        """`items` (e.g. streamed text), the loop not waiting for this row while it waits for the next."""
-        it = iter(items)
-        while True:
-            with self.batcher.cond:
-                if self.state == PRODUCING:
-                    self.state = WAITING
-                self.batcher.cond.notify_all()
-            try:
-                item = next(it)
-            except StopIteration:
-                return
-            finally:
-                with self.batcher.cond:
-                    if self.state == WAITING:
-                        self.state = PRODUCING
-            yield item
+
+class _Line:
+    """One sequence: its rows, its token loop (a coroutine made on the loop's thread) and what it is owed.
+
+    Every field but `loop` is read and written under the batcher's condition.
+    """
+
+    def __init__(self, rows: tuple[Row, ...], make: Callable[[], Iterator[int]], lease: Lease | None) -> None:
+        self.rows, self.make, self.lease = rows, make, lease
+        self.context = contextvars.copy_context()  # the request's: lease.current() is its lease in its loop
+        self.loop: Any = None
+        self.state = READY
+        self.value: Any = None  # what the loop is resumed with: a pass's results, or a streamed item
+        self.error: BaseException | None = None  # ... or thrown into it
+        self.answers: dict[int, Any] = {}  # row index -> its result in the pass the line waits for
+        self.out: queue.Queue = queue.Queue()  # tokens, Next requests, then _END or an error
+        self.left = False  # the request stopped reading: its loop is closed at its next resume
 
 
 class _Pass:
@@ -162,6 +127,13 @@ class _Pass:
     def __init__(self, row: Row) -> None:
         self.row, self.inputs, self.cache = row, row.pending, row.cache
         row.state, row.pending = RUNNING, None
+
+
+class _Running:
+    """Stands for a call while a sequence's loop runs on the thread: its stage calls see the request's lease."""
+
+    def __init__(self, lease: Lease | None) -> None:
+        self.lease = lease
 
 
 class DecodeBatcher(Executor):
@@ -197,7 +169,8 @@ class DecodeBatcher(Executor):
         # built on the host and placed later, so where it is now says nothing), elsewhere the engine's own
         self.sampler, self.fast_sampler = sampler, on_device(sampler)
         self.rows: list[Row | None] = [None] * width
-        self._strays: list[threading.Thread] = []  # producers left waiting for streamed text (joined by close)
+        self._lines: list[_Line] = []  # the sequences in the batch, in the order they joined
+        self._unclosed: list[_Line] = []  # ended from outside (close, a failure) with their loop still open
         self.steps = 0           # batched steps run
         self.row_steps = 0       # rows served by them (occupancy = row_steps / (steps * width))
         self.prefills = 0
@@ -215,34 +188,26 @@ class DecodeBatcher(Executor):
 
         `rows` > 1: the sequence takes that many rows at once (classifier-free guidance's conditioned
         and unconditioned rows) and `produce` gets them as a tuple. Waits for free rows first. The
-        lease ends that wait and the wait for each token; closing the iterator (or the lease's end)
-        stops the producer at its next step and frees the rows.
+        loop runs on the batch's thread; streamed input it waits for is taken from its source here,
+        in the caller's thread. The lease ends the wait for rows and for each token; closing the
+        iterator (or the lease's end) has the loop closed on the batch's thread and its rows freed.
         """
         if not 1 <= rows <= self.width:
             raise ValueError(f"a sequence takes 1 to {self.width} rows of this batch, not {rows}")
         lease = lease if lease is not None else current()  # the request whose token loop this is
         group = self._join(lease, rows)
-        tokens: queue.Queue = queue.Queue()
-
-        def producer() -> None:
-            try:
-                for token in produce(group[0] if rows == 1 else group):
-                    tokens.put(token)
-                tokens.put(_END)
-            except BaseException as e:  # handed to the consumer
-                tokens.put(e)
-            finally:
-                for row in group:
-                    self._leave(row)
-
-        # the producer runs as the request (its context: lease.current() is the request's lease)
-        thread = threading.Thread(target=contextvars.copy_context().run, args=(producer,),
-                                  name=f"mizuoto-{self.name}-row{group[0].index}", daemon=True)
-        thread.start()
+        line = _Line(group, lambda: produce(group[0] if rows == 1 else group), lease)
+        with self.cond:
+            for row in group:
+                row.line = line
+            self._lines.append(line)
+            if lease is not None:  # the request's work until its loop has ended on this thread
+                lease.begin_work()
+            self.cond.notify_all()
         try:
             while True:
                 try:
-                    item = tokens.get(timeout=POLL_S)
+                    item = line.out.get(timeout=POLL_S)
                 except queue.Empty:
                     if lease is not None:
                         lease.check("while its LM ran")
@@ -251,42 +216,35 @@ class DecodeBatcher(Executor):
                     return
                 if isinstance(item, BaseException):
                     raise item
+                if isinstance(item, Next):
+                    self._fetch(line, item.source)
+                    continue
                 if lease is not None:  # tokens that keep coming never end the wait above: a cancel ends the sequence
                     lease.check("while its LM ran")
                 yield item
         finally:
-            waiting = False
             with self.cond:
-                for row in group:
-                    # a row in a pass (RUNNING) keeps its copied input and the pass goes on: the loop
-                    # wakes its producer with _Stopped when the pass ends; only this row ends
-                    waiting = waiting or row.state == WAITING
+                line.left = True
+                for row in line.rows:
+                    # a row in a pass (RUNNING) keeps its copied input and the pass goes on; the loop closes
+                    # the sequence once that pass has answered
                     if row.state == PENDING:
-                        self._deliver(row, _Stopped("the request was closed"))
-                    row.state = FINISHED
-                    if waiting and self.rows[row.index] is row:  # its place is free at once (see below)
-                        self.rows[row.index] = None
-                self._strays = [t for t in self._strays if t.is_alive()]
-                if waiting:
-                    self._strays.append(thread)
+                        row.state, row.pending = IDLE, None
+                        line.answers[row.index] = _Stopped("the request was closed")
+                if line.state == TEXT or (line.state == FORWARD and len(line.answers) == len(line.rows)):
+                    line.state = READY
                 self.cond.notify_all()
-            self._settle_ends()
-            if not waiting:  # it stops at its next input, within a pass
-                thread.join(JOIN_S)
-            # A producer waiting for streamed text waits inside the caller's text source, which nothing here
-            # can interrupt: its rows are given up now, and it stops (_Stopped) at its next input once the
-            # source yields or ends; close() joins it.
 
-    def close(self) -> None:
-        """Close the loop (Executor.close), then join the producers left waiting for streamed text (bounded)."""
-        super().close()
+    def _fetch(self, line: _Line, source: Iterator[Any]) -> None:
+        """The sequence's next streamed item, taken here (the request's thread) and handed to its loop."""
+        try:
+            value, error = next(source, None), None
+        except BaseException as e:  # thrown into the engine's loop, where upstream would meet it
+            value, error = None, e
         with self.cond:
-            strays, self._strays = self._strays, []
-        for thread in strays:
-            thread.join(JOIN_S)
-            if thread.is_alive():
-                log.warning("%s: a producer still waits in its streamed-text source %.0f s after close",
-                            self.name, JOIN_S)
+            if line.state == TEXT:
+                line.value, line.error, line.state = value, error, READY
+                self.cond.notify_all()
 
     def _join(self, lease: Lease | None, n: int = 1) -> tuple[Row, ...]:
         """`n` rows taken together once that many are free (a pair never holds one row while waiting for the other)."""
@@ -302,61 +260,90 @@ class DecodeBatcher(Executor):
             self._start()
             return tuple(group)
 
-    def _leave(self, row: Row) -> None:
-        with self.cond:
-            row.state = FINISHED
+    def _end_line(self, line: _Line, outcome: Any, closed: bool = True) -> None:
+        """The sequence is over (under the condition): its request hears `outcome`, its rows are free, its work ends.
+        Not `closed`: its loop is still open, and is closed on the loop's thread next (or by close())."""
+        if line.state == ENDED:
+            return
+        line.state = ENDED
+        if not closed and line.loop is not None:
+            self._unclosed.append(line)
+        line.out.put(outcome)
+        for row in line.rows:
+            row.state, row.pending = IDLE, None
             if self.rows[row.index] is row:
                 self.rows[row.index] = None
-            self.cond.notify_all()
+        if line in self._lines:
+            self._lines.remove(line)
+        if line.lease is not None:
+            self._ends.append(line.lease)
+        self.cond.notify_all()
+
+    def close(self) -> None:
+        """Close the loop (Executor.close: every sequence hears it), then close the sequences' loops it left open
+        here (the batch's thread has ended, so their cleanup runs in the closing thread)."""
+        super().close()
+        self._close_loops()
+
+    def _close_loops(self) -> None:
+        """Close the loops of the sequences ended from outside (their engine cleanup runs)."""
+        with self.cond:
+            lines, self._unclosed = self._unclosed, []
+        for line in lines:
+            try:
+                line.context.run(line.loop.close)
+            except Exception:  # a loop still running (close timed out), or its cleanup failed: logged only
+                log.exception("%s: closing a sequence's token loop", self.name)
 
     # -- the loop ---------------------------------------------------------------------------------
-    def _deliver(self, row: Row, result: Any) -> None:
-        if row.owing:  # an input's one answer ends its work (once the condition is released: _settle_ends)
-            row.owing = False
-            self._ends.append(row.lease)
-        row.result, row.pending = result, None
-        if row.state in (PENDING, RUNNING):
-            row.state = PRODUCING
-        row.done.set()
-
     def _answer(self, row: Row, result: Any) -> None:
-        """A pass's result to a row it took (under the condition); a row whose consumer left meanwhile
-        gets _Stopped instead, so its producer unwinds now."""
-        if row.state == RUNNING:
-            self._deliver(row, result)
-        elif row.state == FINISHED and not row.done.is_set():
-            self._deliver(row, _Stopped("the request was closed"))
+        """A pass's result to a row it took (under the condition); its sequence resumes once all its rows have theirs."""
+        line = row.line
+        if row.state != RUNNING or line is None:
+            return
+        row.state = IDLE
+        line.answers[row.index] = result
+        if line.state == FORWARD and len(line.answers) == len(line.rows):
+            results = [line.answers[r.index] for r in line.rows]
+            line.answers = {}
+            line.error = next((r for r in results if isinstance(r, BaseException)), None)
+            line.value = None if line.error is not None else results
+            line.state = READY
 
     def _fail_waiting(self, error: BaseException) -> None:
-        """Every row input and call not yet taken gets `error` (under the condition)."""
-        for row in self.rows:
-            if row is not None and row.state == PENDING:
-                self._deliver(row, error)
+        """Every sequence and call not yet taken gets `error` (under the condition)."""
+        for line in list(self._lines):
+            self._end_line(line, error, closed=False)
         super()._fail_waiting(error)
 
     def _fail_work(self, kind: str, item: Any, error: BaseException) -> None:
         if kind == "call":
             super()._fail_work(kind, item, error)
-        else:
+        elif kind == "resume":
+            for line in item:
+                self._end_line(line, error, closed=False)
+        elif kind != "close":
             for p in item:
                 self._answer(p.row, error)
-
-    def _idle_timeout(self) -> float | None:
-        # a row still drawing its token: wait a little for it, then step without it
-        return STRAGGLER_WAIT_S if any(r is not None and r.state == PENDING for r in self.rows) else None
 
     def _work(self, waited: bool) -> tuple[str, Any] | None:
         """What to run next (under the condition), the loop's policy (docs/performance.md, "Batching"):
 
-        1. every waiting prefill (new rows join the next step together);
-        2. an urgent call (a request's first audio), oldest first;
-        3. otherwise calls and steps in turn, calls in the order they came.
+        1. every sequence to resume (its pass answered, its streamed item come, or new): each runs to
+           its next pass, so every row is ready for the step that follows;
+        2. every waiting prefill (new rows join the next step together);
+        3. an urgent call (a request's first audio), oldest first;
+        4. otherwise calls and steps in turn, calls in the order they came.
 
         The rows taken are copied (`_Pass`) and RUNNING: what the pass reads no longer changes
-        if their consumers leave meanwhile.
+        if their requests leave meanwhile.
         """
-        rows = [r for r in self.rows if r is not None]
-        pending = [r for r in rows if r.state == PENDING]
+        if self._unclosed:
+            return "close", None
+        ready = [line for line in self._lines if line.state == READY]
+        if ready:
+            return "resume", ready
+        pending = [r for r in self.rows if r is not None and r.state == PENDING]
         singles = [r for r in pending if r.pending.shape[1] > 1]
         if singles:
             return "prefill", [_Pass(r) for r in singles]
@@ -364,16 +351,23 @@ class DecodeBatcher(Executor):
         if urgent is not None:
             self._calls.remove(urgent)
             return "call", urgent
-        step_ready = bool(pending) and (waited or not any(r.state == PRODUCING for r in rows))
-        if self._calls and not (step_ready and self._last == "call"):
+        if self._calls and not (pending and self._last == "call"):
             return "call", self._calls.popleft()
-        return ("step", [_Pass(r) for r in pending]) if step_ready else None
+        return ("step", [_Pass(r) for r in pending]) if pending else None
 
     def _run(self, kind: str, items: Any) -> None:
-        """One unit of work: a call, or a pass over the rows taken (each row gets its own result)."""
+        """One unit of work: a call, the sequences to resume, or a pass over the rows taken."""
         self._last = kind
         if kind == "call":
             super()._run(kind, items)
+            return
+        if kind == "close":
+            self._close_loops()
+            return
+        if kind == "resume":
+            for line in items:
+                self._resume(line)
+            self._settle_ends()
             return
         try:
             with torch.inference_mode(), self.timing(kind if kind == "prefill" else f"step {len(items)}"), self.gate():
@@ -390,6 +384,57 @@ class DecodeBatcher(Executor):
                 self.prefills += len(items)
         self._settle_ends()
 
+    def _resume(self, line: _Line) -> None:
+        """Run a sequence's loop to its next pass or wait (its tokens to its request on the way), or to its end."""
+        with self.cond:
+            value, error, line.value, line.error = line.value, line.error, None, None
+            left = line.left
+        outcome: Any = None
+        self._running = _Running(line.lease)  # its stage calls (compute) see the request's lease
+        try:
+            with self.timing("lm loop"):
+                if left:
+                    if line.loop is not None:
+                        line.context.run(line.loop.close)
+                    outcome = _END
+                    return
+                if line.loop is None:
+                    line.loop = line.context.run(line.make)
+                while True:
+                    if error is not None:
+                        if not hasattr(line.loop, "throw"):
+                            raise error
+                        op = line.context.run(line.loop.throw, error)
+                    elif hasattr(line.loop, "send"):
+                        op = line.context.run(line.loop.send, value)
+                    else:  # a plain iterator of tokens: it runs its own passes
+                        op = line.context.run(next, line.loop)
+                    value = error = None
+                    if isinstance(op, Forward):
+                        with self.cond:
+                            if line.left:  # the request left while its loop ran: close it at once
+                                line.state = READY
+                                return
+                            for row, x in zip(op.rows, op.inputs):
+                                row.pending, row.state = x, PENDING
+                            line.state = FORWARD
+                        return
+                    if isinstance(op, Next):
+                        with self.cond:
+                            line.state = TEXT
+                            line.out.put(op)
+                        return
+                    line.out.put(op)  # a token
+        except StopIteration:
+            outcome = _END
+        except BaseException as e:  # the engine's loop failed: its request hears why
+            outcome = e
+        finally:
+            self._running = None
+            if outcome is not None:
+                with self.cond:
+                    self._end_line(line, outcome)
+
     def _step(self, items: list[_Pass]) -> dict[int, torch.Tensor]:
         first = items[0].inputs
         x = torch.zeros(self.width, 1, first.shape[-1], dtype=first.dtype, device=first.device)
@@ -398,7 +443,7 @@ class DecodeBatcher(Executor):
             x[p.row.index] = p.inputs[0]
             caches[p.row.index] = p.cache
         scores = self.batch_step(x, caches)
-        if self.batch_step.captured:  # overwritten by the next step, which a straggler's draw may outlast
+        if self.batch_step.captured:  # a static buffer the next step overwrites: each row keeps its own copy
             scores = scores.clone()
         self.steps += 1
         self.row_steps += len(items)

@@ -16,7 +16,8 @@ it is tested on the CPU against `Decoder.forward`; `BatchStep` is then `step_row
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from collections.abc import Generator, Iterator
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
@@ -260,13 +261,14 @@ class GraphDraw:
 class TokenSteps(Protocol):
     """What an engine's token loop drives (runtime.sequence): `AloneSteps` over `DecodeSteps`, or `RowSteps` in a batch.
 
-    A `runtime.batching.Row` (and `DecodeSteps` itself) is one row of it: `attach(cache)` takes one cache.
+    The loop is a generator of token ids; `scores` and `next` are generators it runs with
+    `yield from` (alone they yield nothing; in a batch they yield the batch's requests).
     """
 
     def attach(self, alone: Callable[[], Any], row: Callable[[], Any] | None = None) -> "TokenSteps":
         """Decode over the caches these make: `alone()` the whole sequence's, `row()` one batch row's."""
 
-    def scores(self, inputs: torch.Tensor) -> torch.Tensor:
+    def scores(self, inputs: torch.Tensor) -> Generator[Any, Any, torch.Tensor]:
         """Feed (R, T, hidden) inputs; the head's output for the last position."""
 
     def draw(self, scores: torch.Tensor, decoded: Sequence[int], generator: torch.Generator | None) -> int:
@@ -275,8 +277,8 @@ class TokenSteps(Protocol):
     def compute(self, fn: Callable[[], Any]) -> Any:
         """fn() where the passes run."""
 
-    def external(self, items: Iterable[Any]) -> Iterable[Any]:
-        """`items` the loop waits for between steps (streamed text)."""
+    def next(self, source: Iterator[Any]) -> Generator[Any, Any, Any]:
+        """The next item of `source` the loop waits for between passes (streamed text); None at its end."""
 
 
 class DecodeSteps:
@@ -323,7 +325,3 @@ class DecodeSteps:
     def draw(self, scores: torch.Tensor, decoded: Sequence[int], generator: torch.Generator | None) -> int:
         """One token id from `scores` (which the sampler may modify, as upstream's does)."""
         return self.sampler(scores, decoded, generator)
-
-    def external(self, items: Iterable[Any]) -> Iterable[Any]:
-        """Input the loop waits for between steps (streamed text): nothing to do when running alone."""
-        return items

@@ -12,23 +12,27 @@ writes its token loop as a function of the steps it is given, `loop(steps) -> It
 - `RowSteps` when the model batches: the sequence's rows in the model's continuous batch
   (`runtime.batching`), prefills alone, one-token steps at the batch's fixed width.
 
-The steps' calling convention (`TokenSteps` in runtime.decode, over a whole sequence):
+The steps' calling convention (`TokenSteps` in runtime.decode, over a whole sequence). The loop
+is a generator: it yields token ids, and it runs a pass or waits for streamed input with
+`yield from`, so that in a batch the loop is a coroutine the batch's own thread drives (no thread
+of its own; between passes it runs there, beside the other rows' loops):
 
 - `steps.attach(alone, row=None)` once, before the first pass: `alone()` makes the KV cache of the
   whole sequence run by itself (its rows as one batch), `row()` one row's cache in a batch
   (default: `alone`);
-- `steps.scores(x)`: x (R, T, hidden) for the sequence's R rows; the head's scores for the last
-  position (as `Sequence.head` gives them: `stacked` sequences get (R, V) in a batch too);
+- `scores = yield from steps.scores(x)`: x (R, T, hidden) for the sequence's R rows; the head's
+  scores for the last position (as `Sequence.head` gives them: `stacked` sequences get (R, V) in a
+  batch too);
 - `steps.draw(scores, decoded, generator)`: one token id with the sampler the runtime uses there;
-- `steps.compute(fn)`: fn() where the passes run (building the next input: no OpenMP team of its
-  own in the request's thread);
-- `steps.external(items)`: items the loop waits for between passes (streamed text): the batch
-  steps on without it meanwhile.
+- `steps.compute(fn)`: fn() where the passes run (building the next input);
+- `item = yield from steps.next(source)`: the next item of an iterator the loop waits for (streamed
+  text), None at its end; in a batch the request's own thread takes it from the source while the
+  batch steps on without these rows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence as Seq
+from collections.abc import Callable, Generator, Iterator, Sequence as Seq
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,6 +78,21 @@ class Sequence:
         return self.decoder is not None
 
 
+@dataclass(frozen=True)
+class Forward:
+    """What a row loop yields for a pass: one input per row of the sequence (the batch answers a list)."""
+
+    rows: tuple[Any, ...]
+    inputs: tuple[torch.Tensor, ...]
+
+
+@dataclass(frozen=True)
+class Next:
+    """What a row loop yields to wait for streamed input: the request's thread answers `next(source, None)`."""
+
+    source: Iterator[Any]
+
+
 class AloneSteps:
     """A sequence run by itself: each pass over its own cache, all its rows at once (upstream's numerics)."""
 
@@ -89,9 +108,10 @@ class AloneSteps:
         self._steps = DecodeSteps(s.decoder, alone(), s.head, s.sampler, cuda_graphs=s.cuda_graphs, what=s.what)
         return self
 
-    def scores(self, x: torch.Tensor) -> torch.Tensor:
-        """The head's scores for the last position of x (R, T, hidden)."""
+    def scores(self, x: torch.Tensor) -> Generator[Any, Any, torch.Tensor]:
+        """The head's scores for the last position of x (R, T, hidden), computed here (`yield from`: nothing yielded)."""
         return self._attached().scores(x)
+        yield  # a generator, as in a batch
 
     def draw(self, scores: torch.Tensor, decoded: Seq[int], generator: torch.Generator | None) -> int:
         """One token id (upstream's sampler off CUDA)."""
@@ -101,9 +121,10 @@ class AloneSteps:
         """fn() here: the passes run on this thread."""
         return fn()
 
-    def external(self, items: Iterable[Any]) -> Iterable[Any]:
-        """Streamed input: nothing else runs meanwhile."""
-        return items
+    def next(self, source: Iterator[Any]) -> Generator[Any, Any, Any]:
+        """The next item of `source` (None at its end), waited for here: nothing else runs meanwhile."""
+        return next(source, None)
+        yield  # a generator, as in a batch
 
     def _attached(self) -> DecodeSteps:
         if self._steps is None:
@@ -124,22 +145,22 @@ class RowSteps:
             r.attach(make())
         return self
 
-    def scores(self, x: torch.Tensor) -> torch.Tensor:
-        """Each row's input submitted before any is collected, so the sequence's rows share a pass."""
+    def scores(self, x: torch.Tensor) -> Generator[Any, Any, torch.Tensor]:
+        """The sequence's rows' inputs for one pass each (they share it); the batch's answer as `AloneSteps` gives it."""
         if len(self.rows) == 1 and not self.sequence.stacked:
-            return self.rows[0].scores(x)
-        for i, r in enumerate(self.rows):
-            r.submit(x[i:i + 1])
-        return torch.stack([r.collect().reshape(-1) for r in self.rows])
+            (scores,) = yield Forward(self.rows, (x,))
+            return scores
+        results = yield Forward(self.rows, tuple(x[i:i + 1] for i in range(len(self.rows))))
+        return torch.stack([r.reshape(-1) for r in results])
 
     def draw(self, scores: torch.Tensor, decoded: Seq[int], generator: torch.Generator | None) -> int:
         """One token id with the batch's sampler."""
         return self.rows[0].draw(scores, decoded, generator)
 
     def compute(self, fn: Callable[[], Any]) -> Any:
-        """fn() on the batch loop's thread."""
+        """fn() on the batch loop's thread (where a row's loop runs)."""
         return self.rows[0].compute(fn)
 
-    def external(self, items: Iterable[Any]) -> Iterator[Any]:
-        """Streamed input; the batch steps on without these rows while they wait for it."""
-        return self.rows[0].external(items)
+    def next(self, source: Iterator[Any]) -> Generator[Any, Any, Any]:
+        """The next item of `source` (None at its end), taken by the request's thread; the batch steps on meanwhile."""
+        return (yield Next(source))

@@ -150,7 +150,7 @@ class ToyLMModel(Model):
             decoded: list[int] = []
             generator = None
             while len(decoded) < limit:
-                scores = steps.scores(x)
+                scores = yield from steps.scores(x)
                 if len(decoded) < MIN_TOKENS:
                     scores[END] = -math.inf
                 if generator is None:  # made where the scores are: a CPU generator cannot draw on CUDA

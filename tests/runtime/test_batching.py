@@ -1,7 +1,7 @@
 """The continuous batch of a decoder LM (runtime.batching), on a small random Qwen decoder.
 
 A row's scores must be bit-identical whatever shares its steps; rows leave, get cancelled and
-fail without leaking their place or their thread.
+fail without leaking their place; a request's token loop runs on the batch's thread, none of its own.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from mizuoto.nn.lm.kv_cache import DynamicKVCache
 from mizuoto.nn.lm.decoder import DecoderConfig, Decoder
 from mizuoto.runtime.batching import DecodeBatcher
 from mizuoto.runtime.lease import Lease
+from mizuoto.runtime.sequence import RowSteps, Sequence
 from mizuoto.testing.waits import cancel_during
 
 WIDTH = 4
@@ -40,14 +41,22 @@ def _head(decoder):
     return head
 
 
-def _greedy(decoder, prompt_len: int, steps: int, seed: int, record: list, feed_at: int | None = None):
+def _steps(rows, stacked: bool = False) -> RowSteps:
+    """The steps an engine's loop gets for its row(s) in a batch (Model.decode makes them so)."""
+    return RowSteps(rows if isinstance(rows, tuple) else (rows,), Sequence(stacked=stacked))
+
+
+def _greedy(decoder, prompt_len: int, steps: int, seed: int, record: list, feed_at: int | None = None,
+            threads: list | None = None):
     """A token loop in the shape of an engine's `generate(steps=...)`: prefill, then one token at a time."""
     def produce(row):
         g = torch.Generator().manual_seed(seed)
-        rows = row.attach(DynamicKVCache())
+        rows = _steps(row).attach(DynamicKVCache)
         x = torch.randn(1, prompt_len, CFG.hidden_size, generator=g)
         for i in range(steps):
-            scores = rows.scores(x)
+            scores = yield from rows.scores(x)
+            if threads is not None:
+                threads.append(threading.current_thread().name)
             record.append(scores.clone())
             token = int(scores.argmax())
             yield token
@@ -112,7 +121,23 @@ def test_the_width_is_fixed_because_other_widths_give_other_bits(decoder):
 
 
 def _threads() -> int:
+    """Threads running for the batch's requests (none: their loops run on the batch's thread)."""
     return sum(t.name.startswith("mizuoto-lm-row") for t in threading.enumerate())
+
+
+@torch.inference_mode()
+def test_a_requests_token_loop_runs_on_the_batchs_thread_and_starts_no_thread(decoder):
+    """No producer thread: the loop between passes runs on the batch loop, the request's thread only reads."""
+    batcher = DecodeBatcher(decoder, _head(decoder), WIDTH, contextlib.nullcontext, sampler=None)
+    try:
+        batcher.call(lambda: None)  # the loop runs
+        before = {t.ident for t in threading.enumerate()}
+        ran: list = []
+        tokens = list(batcher.run(_greedy(decoder, 4, 6, seed=1, record=[], threads=ran)))
+        assert len(tokens) == 6 and set(ran) == {f"mizuoto-{batcher.name}-batch"}
+        assert {t.ident for t in threading.enumerate()} <= before, "a request started a thread"
+    finally:
+        batcher.close()
 
 
 def _settle(check, timeout: float = 10.0) -> None:
@@ -140,9 +165,8 @@ def test_a_failing_loop_reaches_its_consumer_and_a_cancel_stops_a_wait(decoder):
     batcher = DecodeBatcher(decoder, _head(decoder), 2, contextlib.nullcontext, sampler=None)
     try:
         def broken(row):
-            row.attach(DynamicKVCache()).scores(torch.randn(1, 2, CFG.hidden_size))
+            yield from _steps(row).attach(DynamicKVCache).scores(torch.randn(1, 2, CFG.hidden_size))
             raise ValueError("the engine's loop failed")
-            yield  # a generator
 
         with pytest.raises(ValueError, match="loop failed"):
             list(batcher.run(broken))
@@ -251,12 +275,9 @@ def test_a_consumer_leaving_while_its_row_is_in_a_step_fails_only_that_row(decod
         next(leaving)
         got = [next(staying)]
         assert entered.wait(30), "no step took both rows"
-        closer = threading.Thread(target=leaving.close)  # it waits for its producer: the pass must end
-        closer.start()
-        _settle(lambda: any(r is not None and r.state == "finished" for r in batcher.rows))
+        leaving.close()  # at once: a message to the loop, which closes its loop once the pass has answered
+        assert any(line.left for line in batcher._lines) and batcher.active == 2
         release.set()  # the pass goes on over the input it took from the row that left
-        closer.join(10)
-        assert not closer.is_alive()
         got += list(staying)
         assert got == alone
         _settle(lambda: batcher.active == 0 and _threads() == 0)
@@ -315,8 +336,8 @@ def test_close_joins_the_loop_it_started(decoder):
 
 @torch.inference_mode()
 def test_a_cancel_ends_the_wait_for_the_next_token_and_for_a_rows_step_within_a_second(decoder):
-    """The consumer waiting for its next token, and the producer waiting for its row's pass, both take
-    the request's lease: a cancel (here while the loop is held inside a step) ends both within a second."""
+    """The request waiting for its next token takes its lease: a cancel (here while the loop is held inside
+    a step) ends it within a second, and the loop ends its sequence once the pass has answered."""
     batcher = DecodeBatcher(decoder, _head(decoder), WIDTH, contextlib.nullcontext, sampler=None)
     try:
         _run_together(batcher, [_greedy(decoder, 4, 3, seed=1, record=[])])  # the loop runs
@@ -375,13 +396,10 @@ def _pair(decoder, steps: int, seed: int, record: list):
     def produce(rows):
         assert isinstance(rows, tuple) and len(rows) == 2
         g = torch.Generator().manual_seed(seed)
-        for row in rows:
-            row.attach(DynamicKVCache())
+        pair = _steps(rows, stacked=True).attach(DynamicKVCache)
         x = torch.randn(2, 4, CFG.hidden_size, generator=g)
         for _ in range(steps):
-            for i, row in enumerate(rows):
-                row.submit(x[i:i + 1])
-            scores = torch.stack([row.collect() for row in rows])
+            scores = yield from pair.scores(x)  # both rows' inputs in one pass
             record.append(scores.clone())
             token = int((scores[0] - scores[1]).argmax())
             yield token
@@ -414,36 +432,34 @@ def test_a_sequence_of_two_rows_shares_steps_and_is_batch_invariant(decoder):
 
 
 @torch.inference_mode()
-def test_a_consumer_leaving_while_its_producer_waits_for_streamed_text_frees_its_row_at_once(decoder):
-    """The producer waits inside the caller's text source, which nothing can interrupt: the row goes at once,
-    the producer stops at its next input once the source yields, and close() joins it."""
+def test_streamed_text_is_taken_by_the_requests_thread_and_leaving_meanwhile_frees_the_row_at_once(decoder):
+    """The caller's text source runs in the request's thread (never on the batch's: it may block): a sequence
+    waiting for text holds no pass, and a request leaving then frees its row at once, with no thread left."""
     batcher = DecodeBatcher(decoder, _head(decoder), 2, contextlib.nullcontext, sampler=None)
-    waiting, more = threading.Event(), threading.Event()
+    readers: list = []
 
     def text():
-        yield torch.randn(1, 3, CFG.hidden_size)
-        waiting.set()
-        assert more.wait(20), "the test never sent the next piece"
-        yield torch.randn(1, 3, CFG.hidden_size)
+        for _ in range(3):
+            readers.append(threading.current_thread().name)
+            yield torch.randn(1, 3, CFG.hidden_size)
 
     def produce(row):
-        rows = row.attach(DynamicKVCache())
-        for piece in row.external(text()):
-            yield int(rows.scores(piece).argmax())
+        rows, pieces = _steps(row).attach(DynamicKVCache), text()
+        while (piece := (yield from rows.next(pieces))) is not None:
+            yield int((yield from rows.scores(piece)).argmax())
     try:
+        assert len(list(batcher.run(produce))) == 3 and set(readers) == {threading.current_thread().name}
         tokens = batcher.run(produce)
         next(tokens)
-        assert waiting.wait(10)
+        _settle(lambda: any(line.state == "text" for line in batcher._lines))  # it waits for its next piece
         started = time.monotonic()
         tokens.close()
-        assert time.monotonic() - started < 1.0 and batcher.active == 0  # its place is free for another
+        _settle(lambda: batcher.active == 0, 1.0)  # its place is free for another
+        assert time.monotonic() - started < 1.0
         assert len(list(batcher.run(_greedy(decoder, 4, 3, seed=1, record=[])))) == 3
-        assert _threads() == 1  # the producer still waits in the text source
-        more.set()
+        assert _threads() == 0
     finally:
-        more.set()
         batcher.close()
-    assert _threads() == 0
 
 
 @torch.inference_mode()

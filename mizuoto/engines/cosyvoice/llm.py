@@ -154,7 +154,7 @@ class QwenSpeechLM(nn.Module):
         steps.attach(lambda: self.llm.new_cache(cache, cache_len or need))
         out_tokens: list[int] = []
         for i in range(max_len):
-            scores = steps.scores(lm_input)
+            scores = yield from steps.scores(lm_input)
             if suppress_stop:
                 scores[self.speech_token_size:] = -float("inf")
             token = self._draw(steps, scores, out_tokens, generator, ignore_eos=i < min_len)
@@ -235,7 +235,8 @@ class QwenSpeechLM(nn.Module):
         next_fill = (int(prompt_speech_token.shape[1] / n_speech) + 1) * n_speech - prompt_speech_token.shape[1]
         steps.attach(lambda: self.llm.new_cache(cache, cache_len))
         out: list[int] = []
-        for piece in steps.external(text):
+        pieces = iter(text)
+        while (piece := (yield from steps.next(pieces))) is not None:
             lm_input, text_cache, speech = steps.compute(lambda: take_piece(piece, lm_input, text_cache, speech))
             if speech.shape[1] != 0:
                 continue
@@ -247,7 +248,7 @@ class QwenSpeechLM(nn.Module):
                 lm_input = head if after_fill else steps.compute(lambda: torch.concat([lm_input, head], dim=1))
                 text_cache = text_cache[:, n_text:]
             while True:
-                scores = steps.scores(lm_input)
+                scores = yield from steps.scores(lm_input)
                 if next_fill != -1 and len(out) == next_fill:
                     token = self.fill_token  # forced: nothing is drawn
                     next_fill += n_speech + 1
@@ -267,7 +268,7 @@ class QwenSpeechLM(nn.Module):
                 lm_input = self.speech_embedding.weight[token].reshape(1, 1, -1)
         lm_input = steps.compute(lambda: torch.concat([lm_input, text_cache, self._special("task_id")], dim=1))
         while True:
-            token = self._draw(steps, steps.scores(lm_input), out, generator, ignore_eos=False)
+            token = self._draw(steps, (yield from steps.scores(lm_input)), out, generator, ignore_eos=False)
             out.append(token)
             if token >= self.speech_token_size:
                 if token == self.eos_token:

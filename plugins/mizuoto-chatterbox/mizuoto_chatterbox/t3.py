@@ -202,7 +202,7 @@ class T3(nn.Module):
         start = self.speech_emb(torch.tensor([[START_SPEECH]])) + self._speech_position(0)
         prompt = torch.cat([cond.expand(2, -1, -1), text_emb, start.expand(2, -1, -1), start.expand(2, -1, -1)], 1)
         forward = self._attach(steps, prompt, max_new_tokens).scores
-        scores = forward(prompt)
+        scores = yield from forward(prompt)
         drawn = [START_SPEECH]
         for i in range(max_new_tokens):
             cond_row, uncond_row = scores[0:1], scores[1:2]
@@ -220,7 +220,7 @@ class T3(nn.Module):
                 return
             drawn.append(token)
             step = self.speech_emb(torch.tensor([[token]])) + self._speech_position(i + 1)
-            scores = forward(step.expand(2, -1, -1))
+            scores = yield from forward(step.expand(2, -1, -1))
 
     # -- Turbo -----------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -240,7 +240,7 @@ class T3(nn.Module):
                                  field="text")
         most = min(max_new_tokens + 1, positions - prompt.shape[1])
         forward = self._attach(steps, prompt, most).scores
-        logits = forward(prompt)
+        logits = yield from forward(prompt)
         drawn: list[int] = []
         for _ in range(max_new_tokens + 1):
             if ban_stop:  # before the filters, which then keep the likeliest of the others
@@ -258,7 +258,7 @@ class T3(nn.Module):
             if prompt.shape[1] + len(drawn) > positions:  # upstream fails on GPT-2's position table here
                 raise InvalidRequest(f"the speech ran past this model's {positions} positions ({text.numel()} text "
                                      f"ids, {len(drawn)} speech tokens); split the text into several requests")
-            logits = forward(self.speech_emb(torch.tensor([[token]])))
+            logits = yield from forward(self.speech_emb(torch.tensor([[token]])))
 
     @staticmethod
     def _turbo_scores(scores: torch.Tensor, ids: torch.Tensor, o: T3Options) -> torch.Tensor:
