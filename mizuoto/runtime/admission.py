@@ -149,10 +149,11 @@ class MemoryManager:
 
     # ---- admission -----------------------------------------------------------------------------
     def try_admit(self, loaded: LoadedModel, plan: Plan, others: int = 0, waitable: bool = False,
-                  lease: Lease | None = None) -> bool:
+                  lease: Lease | None = None, evict: bool = True) -> bool:
         """Make room on the device for `plan` (+ `others`: what requests already running hold) and apply it
         (True). False when the room is held by models other leases pin and `waitable`; otherwise the
-        MemoryBudgetError. With a `lease`, the model is pinned for it in the same step.
+        MemoryBudgetError. With a `lease`, the model is pinned for it in the same step. Without `evict`,
+        no other model is moved or closed for it (MemoryBudgetError when that would be needed).
 
         Decided under the lock (membership, pins, the pool, the targets); the victims' moves and
         closes and this model's own moves happen after it is released.
@@ -161,7 +162,7 @@ class MemoryManager:
             self._current(loaded)
             pins = self._pins()
             busy = {m.name for m in self._loaded()
-                    if m is not loaded and (pins.get(m.name, set()) - {lease} or m.scheduler.busy)}
+                    if m is not loaded and (not evict or pins.get(m.name, set()) - {lease} or m.scheduler.busy)}
             pool = self.pool(loaded.options.device)
             try:
                 evictions = pool.admit(loaded.name, plan.peak + others, plan.fixed, plan.movable, plan.waiting, busy)
@@ -293,7 +294,9 @@ class MemoryManager:
                 plan = self._call_plan(loaded, base, held, stage, sizes)
                 loaded.scheduler.resize(lease, plan.peak)
                 try:
-                    self.try_admit(loaded, plan, loaded.scheduler.together() - plan.peak, lease=lease)
+                    # smaller than what the call had: nothing to evict, and an eviction here would close a
+                    # model on this model's compute loop (let_go runs where the call's work ended)
+                    self.try_admit(loaded, plan, loaded.scheduler.together() - plan.peak, lease=lease, evict=False)
                 except RequestCancelled:  # its modules move at the next sync or stage call
                     pass
                 except MizuotoError as e:  # smaller than what was just admitted: only an unload beside it gets here

@@ -163,3 +163,25 @@ def test_a_reservation_inside_one_it_fits_in_adds_nothing_and_two_stages_reserve
                 assert used() == grown and rt.memory._calls[lease] == {"render": big}
             assert used() == admitted and lease not in rt.memory._calls
         lease.release()
+
+
+def test_giving_a_calls_room_back_never_evicts_a_model(tone_dir, tmp_path, monkeypatch):
+    """After its call the request's plan shrinks back: re-admitting it moves or closes no other model (that ran on
+    the thread where the call's work ended, a compute loop, closing another model's loop from there)."""
+    from mizuoto.runtime.memory import Pool
+
+    other = write_model(tmp_path / "other")
+    with Runtime(engines=[ToneEngine], plugins=False) as rt:
+        name, idle = rt.load(tone_dir), rt.load(other)
+        admits: list = []
+        admit = Pool.admit
+
+        def recording(self, who, need, fixed=0, host=0, reserve=0, busy=()):
+            admits.append((who, set(busy)))
+            return admit(self, who, need, fixed, host, reserve, busy)
+        monkeypatch.setattr(Pool, "admit", recording)
+        list(rt.synthesize(name, LONG))
+        mine = [busy for who, busy in admits if who == name]
+        assert len(mine) >= 3  # the turn, the render call's room, its release
+        assert idle not in mine[0] and idle in mine[-1], "the release could evict the idle model"
+        assert {m.name for m in rt.models()} == {name, idle}
