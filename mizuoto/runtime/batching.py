@@ -412,6 +412,8 @@ class DecodeBatcher(Executor):
                     value = error = None
                     if isinstance(op, Forward):
                         with self.cond:
+                            if line.state == ENDED:  # close() ended it meanwhile: it closes the loop
+                                return
                             if line.left:  # the request left while its loop ran: close it at once
                                 line.state = READY
                                 return
@@ -421,6 +423,8 @@ class DecodeBatcher(Executor):
                         return
                     if isinstance(op, Next):
                         with self.cond:
+                            if line.state == ENDED:
+                                return
                             line.state = TEXT
                             line.out.put(op)
                         return
