@@ -115,6 +115,14 @@ class BenchDriver(Protocol):
     # `tokens_per_second` (of audio) and `memory_case(tokens, stream, rows)`, one request of
     # `tokens` through the model's own stage calls, its LM decoding `rows` requests at once; a
     # driver whose model batches may take `served` too (rows as a server runs them: MemoryCase).
+    # Several requests' calls that together make one call to measure (an LM's rows decoded at
+    # once) go inside `measured_call(model, stage, **sizes)`.
+
+
+def measured_call(model: Any, stage: str, **sizes: int) -> contextlib.AbstractContextManager:
+    """The block's work as one call of `stage` on inputs of these sizes for `bench --memory` (measured against the
+    stage's `call_memory(**sizes)`; the calls inside it are part of it), e.g. `rows` requests decoded together."""
+    return model.room(stage, **sizes)  # the harness measures reservations (runtime.bench_memory.CallRecorder)
 
 
 def synchronize(device: torch.device) -> None:

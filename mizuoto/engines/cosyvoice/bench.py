@@ -32,7 +32,7 @@ from mizuoto.engines.cosyvoice.llm import ENDOFPROMPT_ID, QwenSpeechLM, Transfor
 from mizuoto.engines.cosyvoice.synthesis import Synthesizer
 from mizuoto.engines.cosyvoice.variants import find_variant, load_config
 from mizuoto.errors import InvalidRequest
-from mizuoto.runtime.bench import run_clients
+from mizuoto.runtime.bench import measured_call, run_clients
 from mizuoto.runtime.memory import tensor_bytes
 
 BLANK_EN = "CosyVoice-BlankEN"
@@ -266,7 +266,7 @@ class CosyVoiceBench:
             prompt = 3 + sum(self.inputs[k].shape[1] for k in ("text", "prompt_text", "llm_prompt_speech_token"))
             self.use_batch(True)
             try:
-                with self.model.room("llm", positions=prompt + tokens, rows=rows, prefill=prompt):  # rows nest in it
+                with measured_call(self.model, "llm", positions=prompt + tokens, rows=rows, prefill=prompt):
                     speech = run_clients(rows, lambda: self.lm(tokens))[0][0]
             finally:
                 self.use_batch(False)
