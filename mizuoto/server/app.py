@@ -27,11 +27,12 @@ from mizuoto.server import listing, page, schemas, speech, voices, websocket
 from mizuoto.server.audio import MEDIA_TYPES
 from mizuoto.server.bodies import parse_json, read_body
 from mizuoto.server.errors import ApiError, from_exception
-from mizuoto.server.jobs import in_fresh_thread
+from mizuoto.server.jobs import ClientGone, in_fresh_thread
 from mizuoto.server.listing import model_entry as _model_entry, model_list
 from mizuoto.runtime.lease import Lease
 from mizuoto.runtime.malloc import tune_malloc
 from mizuoto.server.schemas import Error, Omitted, checked
+from mizuoto.server.session import Session
 from mizuoto.server.state import ServerConfig, ServerState
 
 log = logging.getLogger("mizuoto.server")
@@ -107,22 +108,22 @@ async def _speech(request: Request) -> Response:
     p = state.aliases.apply(await _json_body(request, state.speech, state.speech_body_bytes))
     request.state.model = p.model
     state.check_model(p.model)
-    job = speech.start_job(state, p, stream=p.stream_format is not None)
-    pull = speech.Pull(state, job, p.model, request)
+    session = Session(state, p, stream=p.stream_format is not None, request=request)
     try:
+        session.start(p.input)
         if p.stream_format is None:
-            body, rate = await speech.whole(p, pull)
+            body, rate = await speech.whole(p, session)
             return Response(body, media_type=speech.media_type(p), headers=speech.headers(p, rate))
-        first = await pull.next()
+        first = await session.next()
         if first is None:
             raise ApiError(500, "the engine produced no audio")
-    except speech.ClientGone:
+    except ClientGone:
         return Response(status_code=499)
     except BaseException:
-        pull.cancel()
+        session.close()
         raise
     stream = speech.sse_stream if p.stream_format == "sse" else speech.audio_stream
-    return StreamingResponse(stream(p, pull, first), media_type=speech.media_type(p),
+    return StreamingResponse(stream(p, session, first), media_type=speech.media_type(p),
                              headers=speech.headers(p, first.sample_rate))
 
 

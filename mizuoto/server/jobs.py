@@ -2,13 +2,15 @@
 
 The runtime's iterators are synchronous and may block (a model runs one request at a time), so
 a job owns one thread from the first call to the iterator's close. The job's Lease
-(`runtime.lease`), made when the request arrives with the request timeout as its deadline, is
-the request's one context: its slot wait, its model's load and pin, every wait in the runtime and
-the worker's wait for a slow client take it. Cancelling (client gone, deadline passed, server
-stopping) ends each of those waits within `lease.POLL_S` and stops the engine at its next stage
-call; the worker closes the iterator in its own thread and releases the lease, which ends the
-request: the model's pin and whatever the engine held go. A queued job's worker first waits for
-its slot (admission.py); the slot is released when the computation ends, before the response is sent.
+(`runtime.lease`) is its Session's (session.py: made when the request arrives, with the request
+timeout as its deadline), the request's one context: a session's model load before its text, the
+job's slot wait, its model's load and pin, every wait in the runtime and the worker's wait for a
+slow client take it. Cancelling (client gone, deadline passed, server stopping) ends each of
+those waits within `lease.POLL_S` and stops the engine at its next stage call; the worker closes
+the iterator in its own thread and releases the lease, which ends the request: the model's pin
+and whatever the engine held go. A queued job's worker first waits for its slot (admission.py);
+the slot is released when the computation ends, before the response is sent. Streamed text comes
+in through a TextFeed.
 """
 
 from __future__ import annotations
@@ -69,26 +71,29 @@ class Cancelled(Exception):
     """Raised inside a worker (e.g. by a streamed-text iterator) when its job was cancelled."""
 
 
-class TextFeed:
-    """Streamed text for a job (a WebSocket or Wyoming session): a blocking iterator of pieces fed from the event loop; cancelling it, or the end of the job's
-    lease (`lease`, set when the job starts), makes it raise."""
+class ClientGone(Exception):
+    """The client disconnected; its job was cancelled."""
 
-    def __init__(self):
+
+class TextFeed:
+    """Streamed text for a job (a WebSocket or Wyoming session): a blocking iterator of pieces fed from the event
+    loop; cancelling it, or the end of `lease` (the session's, which its job takes), makes it raise."""
+
+    def __init__(self, lease: Lease | None = None):
         self._queue: queue.Queue = queue.Queue()
         self.cancelled = False
-        self.lease: Lease | None = None
-
-    def follow(self, lease: Lease) -> None:
-        """End a wait for more text when `lease` (the job's) ends too."""
         self.lease = lease
 
     def put(self, text: str) -> None:
+        """Add a piece of text."""
         self._queue.put(text)
 
     def done(self) -> None:
+        """The text is complete."""
         self._queue.put(_DONE)
 
     def cancel(self) -> None:
+        """End the text: the job's iterator raises Cancelled."""
         self.cancelled = True
         self._queue.put(_DONE)
 
@@ -108,12 +113,13 @@ class TextFeed:
 
 
 class Job:
-    """One synthesis running in a worker thread; iterate it from the event loop with `next()`."""
+    """One synthesis running in a worker thread under `lease` (its session's); iterate it from the event loop
+    with `next()`."""
 
     def __init__(self, start: Callable[[Lease], Iterator[Any]], admission: JobSlots, ticket: Ticket,
-                 deadline: float | None, on_finish: Callable[[Job], None], on_admit: Callable[[float], None],
+                 lease: Lease, on_finish: Callable[[Job], None], on_admit: Callable[[float], None],
                  retry_after: int = 1):
-        self.lease = Lease(deadline)
+        self.lease = lease
         self.cancelled = self.lease.event  # set by cancel(); the deadline is the lease's own
         self.retry_after = retry_after  # seconds, in the Retry-After of a queue-timeout 503
         self.started = time.monotonic()

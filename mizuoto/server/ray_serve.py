@@ -177,9 +177,13 @@ def build_app(config: RayConfig) -> Any:
         @serve.multiplexed(max_num_models_per_replica=config.models_per_replica)
         async def model(self, model_id: str) -> _Held:
             """Load `model_id` into this replica (Ray keeps the most recently used ones)."""
-            from mizuoto.server.speech import load_model
+            from mizuoto.server.session import Session
 
-            await load_model(self.state, model_id)  # under a slot and a lease, as a request's own load
+            session = Session(self.state, None, stream=False)  # a load alone: its lease, no text
+            try:
+                await session.load(model_id)  # under a slot and the lease, as a request's own load
+            finally:
+                session.close()
             return _Held(self.runtime, model_id)
 
     return Mizuoto.bind(settings)

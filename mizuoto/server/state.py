@@ -220,25 +220,32 @@ class ServerState:
                         headers={"Retry-After": str(self.config.retry_after)})
 
     def load_for_session(self, name: str, lease: Lease) -> None:
-        """Load a model for a session (WebSocket, Wyoming) before its first request, as a request's own load is:
-        under a job slot (queued as a job; 503 when none is free) and the session's lease, released after. A model
-        loaded already takes neither: the session's requests pin it (or load it again) under their own."""
+        """Load a model for a session (WebSocket, Wyoming, Ray) before its first text, as a request's own load is:
+        under a job slot (queued as a job; 503 when none is free) and the session's `lease`, whose cancel and
+        deadline end its waits. A model loaded already takes neither: the session's job pins it (or loads it again).
+
+        The slot and the model's pin are the load's alone: they go when it ends (once its work has), while the
+        session's lease lives on for its job; an idle session holds neither."""
         if name in self.loaded():
-            lease.release()
             return
+        # the load's own scope: the session's cancel and deadline (without one, as long as a catalogue load may
+        # wait), released at the load's end
+        held = Lease(cancel=lease.event)
+        held.deadline = lease.deadline if lease.deadline is not None else time.monotonic() + LOAD_WAIT_S
         try:
             ticket = self.limiter.enter()
             if ticket is None:
                 raise self.overloaded()
-            if not self.limiter.wait(ticket, lease):
+            if not self.limiter.wait(ticket, held):
                 lease.check("while waiting for a slot to load its model")
+                held.check("while waiting for a slot to load its model")
                 raise ApiError(503, f"the session waited {self.limiter.timeout:g} s in the queue without a free"
                                     " slot (--queue-timeout); retry shortly",
                                headers={"Retry-After": str(self.config.retry_after)})
-            lease.on_release(self.limiter.release)  # the slot goes with the lease: once the load's work has ended
-            self.ensure_loaded(name, lease)
+            held.on_release(self.limiter.release)  # the slot goes with the load's scope, once its work has ended
+            self.ensure_loaded(name, held)
         finally:
-            lease.release()  # its pin goes: the session's requests pin the model again
+            held.release()  # its pin goes: the session's job pins the model again
 
     def _have(self, name: str, lease: Lease | None) -> bool:
         """Whether `name` is loaded (and now pinned for `lease`, when one is given)."""

@@ -7,10 +7,10 @@ Protocol (JSON text frames from the client, audio as binary frames of PCM16 mono
   client: {"type": "input_text.done"}
   server: binary audio frames, then {"type": "speech.audio.done", "seconds": ..., "chunks": ...}; closes.
 Errors: {"type": "error", "error": {...}} and the socket closes with a code that says why (`close_code`). A
-client that drops the socket cancels its job at once, whatever it was waiting for. A model that cannot take text
-in pieces (stream_in false) speaks once input_text.done arrives. A session takes a job slot only
-from its first text on; one silent for the idle timeout, or whose text is not all in within
-the body timeout of its first piece, is closed with a 408 error.
+client that drops the socket cancels its session at once, whatever it was waiting for (its model's load too:
+one Session, session.py, from session.start on). A model that cannot take text in pieces (stream_in false) speaks
+once input_text.done arrives. A session takes a job slot only from its first text on; one silent for the idle
+timeout, or whose text is not all in within the body timeout of its first piece, is closed with a 408 error.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ import asyncio
 import time
 
 from mizuoto.server.errors import ApiError, from_exception
-from mizuoto.server.jobs import TextFeed, in_time
-from mizuoto.server.speech import ClientGone, Pull, load_model, pcm16, start_job
+from mizuoto.server.jobs import ClientGone, in_time
+from mizuoto.server.session import Session
+from mizuoto.server.speech import pcm16
 from mizuoto.server.state import ServerState
 from mizuoto.server.bodies import parse_json
 from mizuoto.server.schemas import check_text, checked
@@ -69,20 +70,49 @@ async def _next_text(ws, state: ServerState, end: float | None = None, so_far: i
     return text
 
 
-async def _read_text(ws, state: ServerState, into: TextFeed | list, chars: int = 0) -> None:
-    """Text messages until input_text.done, into a live feed (ended or cancelled here) or a list; the whole
-    text has --body-timeout from now, as a request body has."""
+class _Inbox:
+    """The client's messages: a receive started while the model loaded (to see the client leave) is taken first."""
+
+    def __init__(self, ws):
+        self.ws = ws
+        self.ahead: asyncio.Task | None = None
+
+    async def receive(self) -> dict:
+        """The next message from the client."""
+        if self.ahead is not None:
+            ahead, self.ahead = self.ahead, None
+            return await ahead
+        return await self.ws.receive()
+
+    def left(self) -> asyncio.Future:
+        """A future that ends if the client leaves before it sends a message: the message read meanwhile stays
+        for `receive` (reading on would hold any number of them)."""
+        self.ahead = asyncio.ensure_future(self.ws.receive())
+        gone = asyncio.get_running_loop().create_future()
+
+        def read(task: asyncio.Task) -> None:
+            if gone.done() or task.cancelled():
+                return
+            if task.exception() is not None or task.result()["type"] == "websocket.disconnect":
+                gone.set_result(None)
+        self.ahead.add_done_callback(read)
+        return gone
+
+
+async def _read_text(ws, state: ServerState, into: Session | list, chars: int = 0) -> None:
+    """Text messages until input_text.done, into a session's streamed text (ended, or cancelled on an error) or a
+    list; the whole text has --body-timeout from now, as a request body has."""
     end = time.monotonic() + state.config.body_timeout
     try:
         while (text := await _next_text(ws, state, end, chars)) is not None:
             chars += len(text)
-            (into.put if isinstance(into, TextFeed) else into.append)(text)
+            (into.append if isinstance(into, list) else into.put)(text)
     except BaseException:
-        if isinstance(into, TextFeed):
-            into.cancel()
+        if not isinstance(into, list):
+            into.cancel_text()
         raise
-    if isinstance(into, TextFeed):
-        into.done()
+    if not isinstance(into, list):
+        into.end_text()
 
 
 async def _closed(ws) -> None:
@@ -92,8 +122,8 @@ async def _closed(ws) -> None:
         pass
 
 
-async def _read_then_watch(ws, state: ServerState, feed: TextFeed, chars: int) -> None:
-    await _read_text(ws, state, feed, chars)
+async def _read_then_watch(ws, state: ServerState, talk: Session, chars: int) -> None:
+    await _read_text(ws, state, talk, chars)
     await _closed(ws)
 
 
@@ -102,10 +132,10 @@ async def session(ws, state: ServerState) -> None:
     from starlette.websockets import WebSocketDisconnect
 
     await ws.accept()
-    feed, pull = TextFeed(), None
+    inbox, talk = _Inbox(ws), None
     try:
         state.authorize(ws.headers.get("authorization"), admin=False)
-        start = await _message(ws, state.config.idle_timeout)
+        start = await _message(inbox, state.config.idle_timeout)
         if start["type"] != "session.start":
             raise ApiError(400, f"the first message must be session.start, got {start['type']!r}", "type")
         p = state.aliases.apply(checked(state.session, {k: v for k, v in start.items() if k != "type"}))
@@ -115,23 +145,24 @@ async def session(ws, state: ServerState) -> None:
             raise ApiError(400, "a session always streams raw PCM16: session.start takes no stream_format",
                            "stream_format")
         state.check_model(p.model)
-        await load_model(state, p.model)  # under a slot and a lease, as a request's own load
+        talk = Session(state, p, stream=True, gone=inbox.left())
+        await talk.load()  # under a slot and the session's lease, as a request's own load; leaving cancels it
+        talk.watch(None)
         caps = state.runtime.model(p.model).capabilities
         await ws.send_json({"type": "session.created", "model": p.model, "sample_rate": caps.sample_rate,
                             "format": "pcm16", "stream_in": caps.stream_in})
-        total: list[str] = []
         if caps.stream_in:
             # a session takes a job slot only once it has text to speak: idle sessions hold none
-            first = await _next_text(ws, state)
+            first = await _next_text(inbox, state)
             if first is None:
                 raise ApiError(400, "no text was sent", "text")
-            feed.put(first)
-            job = start_job(state, p, True, feed)
+            talk.put(first)
+            talk.start_streamed()
             # the reader takes the rest of the text, then watches for the client leaving; its end ends the pull
-            reader = asyncio.ensure_future(_read_then_watch(ws, state, feed, len(first)))
-            pull = Pull(state, job, p.model, None, gone=reader)
+            reader = asyncio.ensure_future(_read_then_watch(inbox, state, talk, len(first)))
+            talk.watch(reader)
             try:
-                while (chunk := await pull.next()) is not None:  # audio goes out while text still comes in
+                while (chunk := await talk.next()) is not None:  # audio goes out while text still comes in
                     await ws.send_bytes(pcm16(chunk.samples))
             except ClientGone:  # the feed was cancelled: report why the reader stopped
                 if reader.done() and not reader.cancelled() and reader.exception() is not None:
@@ -141,16 +172,17 @@ async def session(ws, state: ServerState) -> None:
                 if not reader.done():
                     reader.cancel()
         else:
-            await _read_text(ws, state, total)
+            total: list[str] = []
+            await _read_text(inbox, state, total)
             whole_text = "".join(total)
             if not whole_text.strip():
                 raise ApiError(400, "no text was sent", "text")
-            pull = Pull(state, start_job(state, p, True, whole_text), p.model, None,
-                        gone=asyncio.ensure_future(_closed(ws)))
-            while (chunk := await pull.next()) is not None:
+            talk.start(whole_text)
+            talk.watch(asyncio.ensure_future(_closed(inbox)))
+            while (chunk := await talk.next()) is not None:
                 await ws.send_bytes(pcm16(chunk.samples))
-        await ws.send_json({"type": "speech.audio.done", "seconds": pull.samples / max(pull.rate, 1),
-                            "chunks": pull.count})
+        await ws.send_json({"type": "speech.audio.done", "seconds": talk.samples / max(talk.rate, 1),
+                            "chunks": talk.count})
         await ws.close(1000)
     except (WebSocketDisconnect, ClientGone):
         pass
@@ -162,6 +194,7 @@ async def session(ws, state: ServerState) -> None:
         except Exception:
             pass
     finally:
-        feed.cancel()
-        if pull is not None:
-            pull.cancel()
+        if talk is not None:
+            talk.close()
+        if inbox.ahead is not None:  # the session ended before it read what came during the load
+            inbox.ahead.cancel()

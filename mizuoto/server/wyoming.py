@@ -12,8 +12,9 @@ an event that cannot be read (malformed, or declaring more data than a request m
 --idle-timeout seconds without an event (a stream then ends and frees its job): those are closed.
 A stream takes a job slot only once it has text to speak.
 
-Jobs, limits, deadlines and uploaded voices are the HTTP server's (ServerState), so both front
-ends behave alike.
+Each request (a synthesize, or a stream from its synthesize-start: its model's load, a client
+leaving during it cancels it, then its job) is one Session (session.py); sessions, limits,
+deadlines and uploaded voices are the HTTP server's (ServerState), so both front ends behave alike.
 """
 
 from __future__ import annotations
@@ -36,14 +37,14 @@ from mizuoto import __version__
 from mizuoto.errors import InvalidRequest, MizuotoError
 from mizuoto.nn.dsp.wav import to_pcm16
 from mizuoto.server.errors import ApiError, from_exception
-from mizuoto.server.jobs import in_fresh_thread, in_time
+from mizuoto.server.jobs import ClientGone, in_fresh_thread, in_time
+from mizuoto.runtime.lease import POLL_S
 from mizuoto.runtime.malloc import tune_malloc
-from mizuoto.server.speech import ClientGone, Pull, load_model, start_job
+from mizuoto.server.session import Session
 from mizuoto.server.state import ServerState
 from mizuoto.server.bodies import parse_json
 from mizuoto.server.schemas import check_text, checked
 from mizuoto.runtime.request_options import parse_settings
-from mizuoto.server.jobs import TextFeed
 
 log = logging.getLogger("mizuoto.wyoming")
 SAMPLES_PER_CHUNK = 1024  # as wyoming-piper: small audio-chunk events keep a player's buffer short
@@ -188,11 +189,11 @@ def _voice_of(event: Event) -> SynthesizeVoice | None:
 
 
 class _Stream:
-    """One synthesize-start ... synthesize-stop: text goes into the job as it arrives, audio out as it is made."""
+    """One synthesize-start ... synthesize-stop (one Session): text goes into the job as it arrives, audio out as
+    it is made."""
 
-    def __init__(self, handler: WyomingHandler, params: Any, stream_in: bool):
-        self.handler, self.params, self.stream_in = handler, params, stream_in
-        self.feed = TextFeed()
+    def __init__(self, handler: WyomingHandler, session: Session, stream_in: bool):
+        self.handler, self.session, self.stream_in = handler, session, stream_in
         self.pieces: list[str] = []
         self.chars = 0
         self.pump: asyncio.Task | None = None
@@ -208,23 +209,23 @@ class _Stream:
         if not self.stream_in:
             self.pieces.append(text)
             return
-        self.feed.put(text)
+        self.session.put(text)
         if self.pump is None:  # the job (and its slot) starts with the first text: a silent stream holds none
-            self.pump = asyncio.ensure_future(self.handler.speak(self.params, self.feed))
+            self.pump = asyncio.ensure_future(self.handler.speak(self.session))
 
     async def finish(self) -> bool:
         """Speak what is left; True when every chunk of audio went out."""
         if self.pump is not None:
-            self.feed.done()
+            self.session.end_text()
             return await self.pump
         text = "".join(self.pieces)
         if not text.strip():
             raise ApiError(400, "no text was sent between synthesize-start and synthesize-stop")
-        return await self.handler.speak(self.params, text)
+        return await self.handler.speak(self.session, text)
 
     def cancel(self) -> None:
-        """Stop the job (error, disconnect)."""
-        self.feed.cancel()
+        """End the stream's session (stop, error, disconnect)."""
+        self.session.close()
         if self.pump is not None and not self.pump.done():
             self.pump.cancel()
 
@@ -350,15 +351,25 @@ class WyomingHandler(AsyncEventHandler):
             text = service.check_text(_text_of(event))
             if not text.strip():
                 raise ApiError(400, "the text to speak is empty")
-            await self.speak(service.params(voice), text)
+            session = Session(service.state, service.params(voice), stream=True)
+            try:
+                await self.speak(session, text)
+            finally:
+                session.close()
         elif SynthesizeStart.is_type(event.type):
             self._drop_stream()
             self.dropping = True  # until the stream is open: a bad start drops what follows it
             voice = service.resolve(_voice_of(event))
-            params = service.params(voice)
-            await load_model(service.state, voice.model)  # under a slot and a lease, as a request's own load
-            stream_in = service.state.runtime.model(voice.model).capabilities.stream_in
-            self.stream, self.dropping = _Stream(self, params, stream_in), False
+            session = Session(service.state, service.params(voice), stream=True,
+                              gone=asyncio.ensure_future(self._left()))  # the client leaving ends its load
+            try:
+                await session.load()  # under a slot and the session's lease, as a request's own load
+                session.watch(None)
+                stream_in = service.state.runtime.model(voice.model).capabilities.stream_in
+            except BaseException:
+                session.close()
+                raise
+            self.stream, self.dropping = _Stream(self, session, stream_in), False
         elif SynthesizeChunk.is_type(event.type):
             if self.dropping:
                 return
@@ -391,12 +402,19 @@ class WyomingHandler(AsyncEventHandler):
             self.stream = None
             self.dropping = failed
 
-    async def speak(self, params: Any, text: str | TextFeed) -> bool:
-        """Run one job and send its audio; False (after an error event) when it failed."""
-        pull = Pull(self.service.state, start_job(self.service.state, params, True, text), params.model, None)
+    async def _left(self) -> None:
+        """Returns once the client has left (its end read and nothing left unread, or the connection lost): polled,
+        as a StreamReader has no wait for its end that leaves what is unread in place."""
+        while not (self.reader.at_eof() or self.writer.transport.is_closing()):
+            await asyncio.sleep(POLL_S)
+
+    async def speak(self, session: Session, text: str | None = None) -> bool:
+        """Run the session's job (on `text`, or on its streamed text) and send its audio; False (after an error
+        event) when it failed."""
+        session.start_streamed() if text is None else session.start(text)
         started = False
         try:
-            while (chunk := await pull.next()) is not None:
+            while (chunk := await session.next()) is not None:
                 rate = chunk.sample_rate
                 if not started:
                     await self.write_event(AudioStart(rate=rate, width=2, channels=1).event())
@@ -412,14 +430,14 @@ class WyomingHandler(AsyncEventHandler):
         except (ConnectionError, ClientGone, asyncio.CancelledError):
             raise
         except Exception as e:
-            if isinstance(text, TextFeed):  # a failed stream: its remaining chunks are ignored until its stop
-                text.cancel()
-                if self.stream is not None and self.stream.feed is text:
+            if session.streamed:  # a failed stream: its remaining chunks are ignored until its stop
+                session.close()
+                if self.stream is not None and self.stream.session is session:
                     self.stream, self.dropping = None, True
             await self.report(e)
             return False
         finally:
-            pull.cancel()
+            session.close()
 
     async def report(self, e: BaseException) -> None:
         """Send an error event with a one-line text (engine bugs are logged in full)."""

@@ -80,7 +80,7 @@ def test_a_jobs_slot_stays_taken_until_its_cancelled_requests_compute_has_ended(
         lease.check("in the test")
 
     async def run():
-        job = Job(start, slots, slots.enter(), None, lambda job: None, lambda waited: None).run()
+        job = Job(start, slots, slots.enter(), Lease(), lambda job: None, lambda waited: None).run()
         assert await asyncio.to_thread(computing.wait, 10)
         job.cancel()
         cancelled.set()

@@ -24,7 +24,7 @@ def test_check_finite_refuses_nan_and_leaves_no_team():
 def test_an_inline_reference_is_decoded_without_leaving_a_team_in_the_job(h):
     from types import SimpleNamespace
 
-    from mizuoto.server.speech import inline_reference
+    from mizuoto.server.session import inline_reference
 
     state, params = SimpleNamespace(voices={}), SimpleNamespace(ref_audio=h.clip_base64(), ref_text=h.ref_text)
     got: list = []

@@ -70,7 +70,8 @@ def test_listing_models_while_one_is_evicted_shows_it_unloaded_instead_of_failin
 
 def test_a_sessions_load_takes_a_slot_and_its_lease_and_a_loaded_model_takes_neither(tmp_path):
     """WebSocket, Wyoming and Ray load a model before a session's first request: under a job slot (503 when none is
-    free, queued as a job) and the session's lease (its cancel ends the wait); they loaded outside both."""
+    free, queued as a job) and the session's lease (its cancel ends the wait); the slot and the pin go with the load,
+    the lease lives on for the session's job; a model loaded already takes neither."""
     from mizuoto.server.errors import ApiError
 
     a = write_model(tmp_path / "a")
@@ -81,7 +82,9 @@ def test_a_sessions_load_takes_a_slot_and_its_lease_and_a_loaded_model_takes_nei
         error, took = cancel_during(lambda: state.load_for_session("a", waiting), waiting,
                                     lambda: state.limiter.queued == 1, settle=0.1)
         assert isinstance(error, RequestCancelled) and "slot" in str(error) and took < 1.0
-        assert state.loaded() == [] and waiting.released
+        # the load's slot and place in the queue went back; the session's lease is its job's next, not released here
+        assert state.loaded() == [] and state.limiter.queued == 0 and state.limiter.active == 1
+        assert not waiting.released
         assert state.limiter.enter() is not None  # the queue's one place is taken now ...
         try:
             state.load_for_session("a", Lease())

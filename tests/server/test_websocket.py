@@ -109,14 +109,14 @@ def test_client_leaves_mid_session(server, h, client):
 
 
 def test_a_text_feed_ends_its_wait_for_more_text_with_its_jobs_lease():
-    """A session that sends no more text holds its job only until the job's lease ends (cancel or deadline)."""
+    """A session that sends no more text holds its job only until its lease (the job's) ends (cancel or deadline)."""
     from mizuoto.runtime.lease import Lease
     from mizuoto.server.jobs import Cancelled
     from mizuoto.server.jobs import TextFeed
     from mizuoto.testing.waits import cancel_during
 
-    feed, lease = TextFeed(), Lease()
-    feed.follow(lease)
+    lease = Lease()
+    feed = TextFeed(lease)
     feed.put("a piece")
     pieces = iter(feed)
     assert next(pieces) == "a piece"
