@@ -81,7 +81,8 @@ def run_wyoming(args: argparse.Namespace) -> int:
         raise MizuotoError("mizuoto wyoming needs the wyoming extra: pip install 'mizuoto-runtime[wyoming]'") from None
     from mizuoto.runtime.api import Runtime
     from mizuoto.server.state import ServerConfig, ServerState
-    from mizuoto.server.wyoming import WyomingServer, WyomingService
+    from mizuoto.server.wyoming import WyomingServer
+    from mizuoto.server.wyoming_service import WyomingService
 
     if args.seed is not None and args.seed < 0:
         raise InvalidRequest(f"--seed must be a non-negative integer, got {args.seed}")

@@ -19,7 +19,8 @@ from wyoming.tts import SynthesizeChunk, SynthesizeStart, SynthesizeStop, Synthe
 from mizuoto.runtime.lease import Lease
 from mizuoto.server.launch import free_port
 from mizuoto.server.state import ServerConfig, ServerState
-from mizuoto.server.wyoming import WyomingServer, WyomingService
+from mizuoto.server.wyoming import WyomingServer
+from mizuoto.server.wyoming_service import WyomingService
 
 CONFIG = ServerConfig(max_concurrent=1, max_queued=0, request_timeout=30.0)
 

@@ -18,7 +18,8 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, Synthesize
 
 from mizuoto.server.launch import free_port
 from mizuoto.server.state import ServerConfig, ServerState
-from mizuoto.server.wyoming import WyomingServer, WyomingService
+from mizuoto.server.wyoming import WyomingServer
+from mizuoto.server.wyoming_service import WyomingService
 
 
 class WyomingThread:

@@ -4,7 +4,7 @@ import pytest
 
 from mizuoto.errors import InvalidRequest
 from mizuoto.server.state import ServerConfig, ServerState
-from mizuoto.server.wyoming import VoiceEntry, WyomingService
+from mizuoto.server.wyoming_service import VoiceEntry, WyomingService
 
 
 @pytest.fixture
