@@ -7,6 +7,7 @@ server must be alive and healthy, and every error it sent is JSON with a 4xx/5xx
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
 import socket
@@ -177,17 +178,17 @@ def test_a_multipart_upload_of_many_tiny_parts_is_refused_before_parsing(hostile
 def test_idle_websocket_sessions_hold_no_slot_and_are_closed(hostile):
     server, client = hostile
     url = server.url.replace("http://", "ws://") + "/v1/audio/speech/stream"
-    sessions = []
-    for _ in range(4):  # twice the server's job slots
-        ws = websockets.sync.client.connect(url, additional_headers=USER, open_timeout=10)
-        ws.send(json.dumps({"type": "session.start", "model": "tone", "voice": "low"}))
-        assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
-        sessions.append(ws)
-    _healthy(client)  # the idle sessions took no job slot
-    for ws in sessions:  # and each is ended by the idle timeout with a JSON error
-        event = json.loads(ws.recv(timeout=10))
-        assert event["type"] == "error" and event["error"]["code"] == 408, event
-        ws.close()
+    with contextlib.ExitStack() as stack:
+        sessions = []
+        for _ in range(4):  # twice the server's job slots
+            ws = stack.enter_context(websockets.sync.client.connect(url, additional_headers=USER, open_timeout=10))
+            ws.send(json.dumps({"type": "session.start", "model": "tone", "voice": "low"}))
+            assert json.loads(ws.recv(timeout=10))["type"] == "session.created"
+            sessions.append(ws)
+        _healthy(client)  # the idle sessions took no job slot
+        for ws in sessions:  # and each is ended by the idle timeout with a JSON error
+            event = json.loads(ws.recv(timeout=10))
+            assert event["type"] == "error" and event["error"]["code"] == 408, event
 
 
 def _closed_within(sock: socket.socket, seconds: float) -> bytes:
