@@ -55,7 +55,7 @@ from typing import Any
 
 import torch
 
-from mizuoto.errors import RequestCancelled
+from mizuoto.errors import MizuotoError, RequestCancelled
 from mizuoto.runtime.decode import BatchStep
 from mizuoto.runtime.executor import Executor
 from mizuoto.runtime.lease import POLL_S, Lease, current
@@ -194,6 +194,9 @@ class DecodeBatcher(Executor):
         """
         if not 1 <= rows <= self.width:
             raise ValueError(f"a sequence takes 1 to {self.width} rows of this batch, not {rows}")
+        if self.on_thread():  # its tokens would wait for this very thread
+            raise MizuotoError(f"{self.name}: a token loop cannot be started from the batch loop's own thread "
+                               "(from inside a compute call); decode from the request's thread")
         lease = lease if lease is not None else current()  # the request whose token loop this is
         group = self._join(lease, rows)
         line = _Line(group, lambda: produce(group[0] if rows == 1 else group), lease)

@@ -239,6 +239,8 @@ def test_calls_run_on_the_loop_thread_between_steps(decoder):
                 break
         assert batcher.stats()["steps"] > before
         assert batcher.call(lambda: batcher.call(lambda: "nested")) == "nested"  # a call inside a call runs at once
+        with pytest.raises(MizuotoError, match="own thread"):  # its tokens would wait for the loop: refused
+            batcher.call(lambda: next(iter(batcher.run(_greedy(decoder, 4, 3, seed=1, record=[])))))
         with pytest.raises(ZeroDivisionError):
             batcher.call(lambda: 1 / 0)
         assert len(list(tokens)) == 29
