@@ -25,7 +25,7 @@ places. A sequence may take several rows at once (`run(..., rows=2)`: classifier
 conditioned and unconditioned rows, Chatterbox's T3): they join together when that many are free
 and their inputs share a pass.
 
-A sequence (`_Line`) moves through explicit states: READY (its loop is to be resumed), FORWARD
+A sequence (`Line`) moves through explicit states: READY (its loop is to be resumed), FORWARD
 (its rows' inputs wait for or run in a pass), TEXT (it waits for streamed input, which the
 request's thread takes from its source: the caller's iterator never blocks the loop), ENDED. The
 loop copies what a pass reads when it takes the work, under the condition, so a request that
@@ -47,15 +47,16 @@ its batch; the bench's single-request table times the same packed layers).
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import logging
 import queue
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-from mizuoto.errors import MizuotoError, RequestCancelled
+from mizuoto.errors import MizuotoError
+from mizuoto.runtime.batch_rows import (ENDED, FORWARD, IDLE, PENDING, READY, RUNNING, TEXT, Line, Pass, Row, Running,
+                                        Stopped)
 from mizuoto.runtime.decode import BatchStep
 from mizuoto.runtime.executor import Executor
 from mizuoto.runtime.lease import POLL_S, Lease, current
@@ -66,74 +67,6 @@ from mizuoto.nn.lm.sampling import on_device
 
 log = logging.getLogger("mizuoto.runtime")
 _END = object()
-
-
-class _Stopped(RequestCancelled):
-    """The request consuming a sequence went away; its loop is closed."""
-
-
-# A row's states: IDLE (its sequence's loop runs or waits), PENDING (an input waits for a pass), RUNNING (in one).
-IDLE, PENDING, RUNNING = "idle", "pending", "running"
-# A sequence's states (see the module docstring).
-READY, FORWARD, TEXT, ENDED = "ready", "forward", "text", "ended"
-
-
-class Row:
-    """One row of a sequence in the batch: its cache and the input it waits a pass for (under the batcher's condition)."""
-
-    def __init__(self, batcher: "DecodeBatcher", index: int, lease: Lease | None) -> None:
-        self.batcher, self.index, self.lease = batcher, index, lease
-        self.cache: Any = None
-        self.sampler = batcher.sampler
-        self.state = IDLE
-        self.pending: torch.Tensor | None = None
-        self.line: _Line | None = None
-
-    def attach(self, cache: Any) -> "Row":
-        """Adopt the KV cache the engine made for this row."""
-        self.cache = cache
-        return self
-
-    def compute(self, fn: Callable[[], Any]) -> Any:
-        """fn() on the batch loop's thread (the engine builds its LM input there: no OpenMP team elsewhere)."""
-        return self.batcher.call(fn, self.lease, "lm input")
-
-    def draw(self, scores: torch.Tensor, decoded: Sequence[int], generator: torch.Generator | None) -> int:
-        """One token id from `scores`, with this row's generator (the engine's sampler, as unbatched)."""
-        return (self.batcher.fast_sampler if scores.device.type == "cuda" else self.sampler)(scores, decoded, generator)
-
-
-class _Line:
-    """One sequence: its rows, its token loop (a coroutine made on the loop's thread) and what it is owed.
-
-    Every field but `loop` is read and written under the batcher's condition.
-    """
-
-    def __init__(self, rows: tuple[Row, ...], make: Callable[[], Iterator[int]], lease: Lease | None) -> None:
-        self.rows, self.make, self.lease = rows, make, lease
-        self.context = contextvars.copy_context()  # the request's: lease.current() is its lease in its loop
-        self.loop: Any = None
-        self.state = READY
-        self.value: Any = None  # what the loop is resumed with: a pass's results, or a streamed item
-        self.error: BaseException | None = None  # ... or thrown into it
-        self.answers: dict[int, Any] = {}  # row index -> its result in the pass the line waits for
-        self.out: queue.Queue = queue.Queue()  # tokens, Next requests, then _END or an error
-        self.left = False  # the request stopped reading: its loop is closed at its next resume
-
-
-class _Pass:
-    """What the loop runs for one row in a pass, copied under the condition when it picks the work."""
-
-    def __init__(self, row: Row) -> None:
-        self.row, self.inputs, self.cache = row, row.pending, row.cache
-        row.state, row.pending = RUNNING, None
-
-
-class _Running:
-    """Stands for a call while a sequence's loop runs on the thread: its stage calls see the request's lease."""
-
-    def __init__(self, lease: Lease | None) -> None:
-        self.lease = lease
 
 
 class DecodeBatcher(Executor):
@@ -169,8 +102,8 @@ class DecodeBatcher(Executor):
         # built on the host and placed later, so where it is now says nothing), elsewhere the engine's own
         self.sampler, self.fast_sampler = sampler, on_device(sampler)
         self.rows: list[Row | None] = [None] * width
-        self._lines: list[_Line] = []  # the sequences in the batch, in the order they joined
-        self._unclosed: list[_Line] = []  # ended from outside (close, a failure) with their loop still open
+        self._lines: list[Line] = []  # the sequences in the batch, in the order they joined
+        self._unclosed: list[Line] = []  # ended from outside (close, a failure) with their loop still open
         self.steps = 0           # batched steps run
         self.row_steps = 0       # rows served by them (occupancy = row_steps / (steps * width))
         self.prefills = 0
@@ -199,7 +132,7 @@ class DecodeBatcher(Executor):
                                "(from inside a compute call); decode from the request's thread")
         lease = lease if lease is not None else current()  # the request whose token loop this is
         group = self._join(lease, rows)
-        line = _Line(group, lambda: produce(group[0] if rows == 1 else group), lease)
+        line = Line(group, lambda: produce(group[0] if rows == 1 else group), lease)
         with self.cond:
             for row in group:
                 row.line = line
@@ -233,12 +166,12 @@ class DecodeBatcher(Executor):
                     # the sequence once that pass has answered
                     if row.state == PENDING:
                         row.state, row.pending = IDLE, None
-                        line.answers[row.index] = _Stopped("the request was closed")
+                        line.answers[row.index] = Stopped("the request was closed")
                 if line.state == TEXT or (line.state == FORWARD and len(line.answers) == len(line.rows)):
                     line.state = READY
                 self.cond.notify_all()
 
-    def _fetch(self, line: _Line, source: Iterator[Any]) -> None:
+    def _fetch(self, line: Line, source: Iterator[Any]) -> None:
         """The sequence's next streamed item, taken here (the request's thread) and handed to its loop."""
         try:
             value, error = next(source, None), None
@@ -263,7 +196,7 @@ class DecodeBatcher(Executor):
             self._start()
             return tuple(group)
 
-    def _end_line(self, line: _Line, outcome: Any, closed: bool = True) -> None:
+    def _end_line(self, line: Line, outcome: Any, closed: bool = True) -> None:
         """The sequence is over (under the condition): its request hears `outcome`, its rows are free, its work ends.
         Not `closed`: its loop is still open, and is closed on the loop's thread next (or by close())."""
         if line.state == ENDED:
@@ -338,7 +271,7 @@ class DecodeBatcher(Executor):
         3. an urgent call (a request's first audio), oldest first;
         4. otherwise calls and steps in turn, calls in the order they came.
 
-        The rows taken are copied (`_Pass`) and RUNNING: what the pass reads no longer changes
+        The rows taken are copied (`Pass`) and RUNNING: what the pass reads no longer changes
         if their requests leave meanwhile.
         """
         if self._unclosed:
@@ -349,14 +282,14 @@ class DecodeBatcher(Executor):
         pending = [r for r in self.rows if r is not None and r.state == PENDING]
         singles = [r for r in pending if r.pending.shape[1] > 1]
         if singles:
-            return "prefill", [_Pass(r) for r in singles]
+            return "prefill", [Pass(r) for r in singles]
         urgent = next((c for c in self._calls if c.urgent), None)
         if urgent is not None:
             self._calls.remove(urgent)
             return "call", urgent
         if self._calls and not (pending and self._last == "call"):
             return "call", self._calls.popleft()
-        return ("step", [_Pass(r) for r in pending]) if pending else None
+        return ("step", [Pass(r) for r in pending]) if pending else None
 
     def _run(self, kind: str, items: Any) -> None:
         """One unit of work: a call, the sequences to resume, or a pass over the rows taken."""
@@ -387,13 +320,13 @@ class DecodeBatcher(Executor):
                 self.prefills += len(items)
         self._settle_ends()
 
-    def _resume(self, line: _Line) -> None:
+    def _resume(self, line: Line) -> None:
         """Run a sequence's loop to its next pass or wait (its tokens to its request on the way), or to its end."""
         with self.cond:
             value, error, line.value, line.error = line.value, line.error, None, None
             left = line.left
         outcome: Any = None
-        self._running = _Running(line.lease)  # its stage calls (compute) see the request's lease
+        self._running = Running(line.lease)  # its stage calls (compute) see the request's lease
         try:
             with self.timing("lm loop"):
                 if left:
@@ -442,7 +375,7 @@ class DecodeBatcher(Executor):
                 with self.cond:
                     self._end_line(line, outcome)
 
-    def _step(self, items: list[_Pass]) -> dict[int, torch.Tensor]:
+    def _step(self, items: list[Pass]) -> dict[int, torch.Tensor]:
         first = items[0].inputs
         x = torch.zeros(self.width, 1, first.shape[-1], dtype=first.dtype, device=first.device)
         caches: list[Any] = [None] * self.width
