@@ -133,7 +133,7 @@ class AloneSteps:
 
 
 class RowSteps:
-    """A sequence as rows of the model's continuous batch (`runtime.batching.Row`s, one per row it takes)."""
+    """A sequence as rows of the model's continuous batch (`runtime.batch_rows.Row`s, one per row it takes)."""
 
     def __init__(self, rows: tuple[Any, ...], sequence: Sequence) -> None:
         self.rows, self.sequence = rows, sequence
