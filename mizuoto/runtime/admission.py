@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
@@ -28,7 +29,6 @@ from mizuoto.runtime.memory import Eviction, Plan, Pool, detect_budget, measure,
 from mizuoto.runtime.options import parse_options
 
 log = logging.getLogger("mizuoto.runtime")
-ROOM_POLL_S = 0.05  # how often a request waiting for memory held by other models looks again
 
 
 @dataclass(frozen=True)
@@ -69,16 +69,19 @@ class MemoryManager:
     `loaded()` the records loaded now; `pins()` a copy of the leases pinning each model, by name;
     `current(record)` raises ModelUnloaded when the record is no longer the loaded one;
     `evict(eviction, by)` takes a model out for an eviction that admits `by` (under the lock) and
-    returns its move or close, run after the lock is released; `pin(name, lease)` pins a model.
+    returns its move or close, run after the lock is released; `pin(name, lease)` pins a model;
+    `wake()` has every model's loop look at its line again (called after memory was let go, outside the lock).
     """
 
     def __init__(self, cond: threading.Condition, vram: int | None, ram: int | None, *,
                  loaded: Callable[[], list[LoadedModel]], pins: Callable[[], dict[str, set[Lease]]],
                  current: Callable[[LoadedModel], None], evict: Callable[[Eviction, str], Callable[[], None]],
-                 pin: Callable[[str, Lease], None]) -> None:
+                 pin: Callable[[str, Lease], None], wake: Callable[[], None] = lambda: None) -> None:
         self.vram, self.ram = vram, ram  # None: what is free when a device is first used
         self._cond = cond
         self._loaded, self._pins, self._current, self._evict, self._pin = loaded, pins, current, evict, pin
+        self._wake = wake  # every model's line looks again (memory was let go); called outside the lock
+        self._freed = 0  # memory let go so far (`freed`): a wait for room ends when it moves
         self._pools: dict[str, Pool] = {}
         self._room_waits: dict[Lease, set[str]] = {}  # a lease waiting for room -> the pinned models in its way
         self._calls: dict[Lease, dict[str, int]] = {}  # a lease -> the working memory of its calls reserved now
@@ -187,14 +190,14 @@ class MemoryManager:
 
     @contextlib.contextmanager
     def turn(self, loaded: LoadedModel, plan: Plan, request: SynthesisRequest | None, lease: Lease) -> Iterator[None]:
-        """Pin the model for the lease, hold it, make room for `plan` and apply it.
+        """Pin the model for the lease and have its loop admit the request: hold it, make room for `plan`, apply it.
 
         A batched model runs several requests at once: one joins only while every request running,
         itself included, still fits its plan's peak beside the others' sequence-stage working memory
         (their KV caches) in the device budget; the model is admitted for what they need together.
-        When the room is held by models other requests pin, the request waits for them, holding
-        its pin and its place in the model's line (no later request on the model overtakes it), until
-        its lease's cancel or deadline.
+        When the room is held by models other requests pin, the request waits for them at the head of
+        its model's line, holding its pin (no later request on the model overtakes it), until its
+        lease's cancel or deadline; the loop tries again whenever a request anywhere lets go.
         """
         reserve, budget, bound = 0, None, None
         if loaded.model.batch_width > 1 and request is not None:
@@ -206,28 +209,25 @@ class MemoryManager:
             if not loaded.admitted:  # its load may still fail, taking the model away from under the request
                 raise InvalidRequest(f"model {loaded.name} is still loading; use it once load() has returned")
             self._pin(loaded.name, lease)
-        try:
-            while True:
-                with loaded.scheduler.hold(lease, f"model {loaded.name}", reserve, plan.peak, budget, bound):
-                    others = loaded.scheduler.together() - plan.peak
-                    if self.try_admit(loaded, plan, others, waitable=True, lease=lease):
-                        try:
-                            yield
-                        finally:
-                            with self._cond:
-                                self._cond.notify_all()
-                        return
-                    loaded.scheduler.keep_place(lease)  # no later request on this model overtakes it meanwhile
-                self.wait_for_room(lease)
-        finally:
-            loaded.scheduler.leave_line(lease)
+
+        def admit(others: int) -> bool:  # on the model's loop (Scheduler.schedule)
+            return self.try_admit(loaded, plan, others, waitable=True, lease=lease)
+        with loaded.scheduler.hold(lease, f"model {loaded.name}", reserve, plan.peak, budget, bound, admit=admit):
+            try:
+                yield
+            finally:
+                with self._cond:
+                    self._cond.notify_all()
 
     def _admit_held(self, loaded: LoadedModel, plan: Plan, lease: Lease, wait: bool = True) -> None:
         """Admit a held model for `plan` beside the requests running with it, waiting for room until the lease
         ends (`wait=False`: MemoryBudgetError at once when only others' requests could make room)."""
         loaded.scheduler.resize(lease, plan.peak, self.pool(loaded.options.device).device_budget, wait)
-        while not self.try_admit(loaded, plan, loaded.scheduler.together() - plan.peak, waitable=wait, lease=lease):
-            self.wait_for_room(lease)
+        while True:
+            since = self.since()
+            if self.try_admit(loaded, plan, loaded.scheduler.together() - plan.peak, waitable=wait, lease=lease):
+                return
+            self.wait_for_room(lease, since)
 
     def _check_cycle(self, name: str, lease: Lease, busy: set[str], pins: dict[str, set[Lease]]) -> None:
         """MemoryBudgetError when the models in the way are pinned by requests that themselves wait for room a
@@ -243,13 +243,25 @@ class MemoryManager:
                         f"memory this one holds; it gives way (retry, or raise the budget)")
                 todo.extend(waits)
 
-    def wait_for_room(self, lease: Lease) -> None:
-        """Wait a little for a lease to let go of a model (the lease's end: RequestCancelled)."""
-        where = "while waiting for memory held by other models"
+    def since(self) -> int:
+        """How often memory was let go so far: read it before a `try_admit`, and wait for room from it."""
+        return self._freed
+
+    def freed(self) -> None:
+        """Memory was let go (a lease released, a request ended, a model or a call's room gone): every wait for
+        room looks again, and every model's loop looks at its line. Never under the lock."""
         with self._cond:
-            lease.check(where)
-            self._cond.wait(ROOM_POLL_S)
-        lease.check(where)
+            self._freed += 1
+            self._cond.notify_all()
+        self._wake()
+
+    def wait_for_room(self, lease: Lease, since: int, until: float | None = None) -> None:
+        """Until memory is let go after `since` (`freed`), the monotonic time `until`, or the lease's end
+        (RequestCancelled): it looks again when something let go, never on a timer."""
+        def ready() -> bool:
+            return self._freed != since or (until is not None and time.monotonic() >= until)
+        with self._cond:
+            lease.wait_for(self._cond, ready, "while waiting for memory held by other models")
 
     # ---- call reservations (Model.room) ----------------------------------------------------------
     @contextlib.contextmanager
@@ -301,6 +313,7 @@ class MemoryManager:
                     pass
                 except MizuotoError as e:  # smaller than what was just admitted: only an unload beside it gets here
                     log.warning("%s: the request's plan after its %s call: %s", loaded.name, stage, e)
+                self.freed()  # the call's room is free again
             # the call's memory stays reserved while it runs: a request that stopped waiting for a call still
             # on the compute loop lets go when that call has ended (on the loop's thread)
             lease.after_work(let_go)

@@ -57,7 +57,7 @@ class Runtime:
         self._gone: dict[str, str] = {}  # model name -> why it was unloaded by the runtime
         # budgets, pools, plans, admission and call reservations: decided under this runtime's lock
         self.memory = MemoryManager(self._changed, vram, ram, loaded=self._loaded, pins=self._pin_sets,
-                                    current=self._current, evict=self._evict, pin=self._pin)
+                                    current=self._current, evict=self._evict, pin=self._pin, wake=self._wake_lines)
         self.closed = False  # close() was called: loads are refused, a load finishing late is closed
         # loading threads whose load a cancelled request left: each closes what it loaded and ends; joined at close()
         self._abandoned: list[Executor] = []
@@ -185,15 +185,19 @@ class Runtime:
                 name = self._unique(name or self.registry.engine_class(engine).model_name(path))
                 loaded = LoadedModel(name, engine, variant, path, opts, model, None, None)
                 loaded.scheduler = Scheduler(model, opts.device, name=name, executor=executor, cond=self._changed,
-                                             room=functools.partial(self.memory.reserve, loaded))
+                                             room=functools.partial(self.memory.reserve, loaded),
+                                             released=self.memory.freed)
                 loaded.plan = self.memory.plan_for(loaded, None)
                 self._models[name] = loaded
             # the model's compute loop (the loading thread, or its batch) is named after it; its condition is never
             # taken under the runtime's lock (lock order)
             loaded.scheduler.executor.rename(name)
-            while not self.memory.try_admit(loaded, loaded.plan, waitable=end is not None and time.monotonic() < end,
-                                            lease=lease):
-                self.memory.wait_for_room(waiter)
+            while True:
+                since = self.memory.since()
+                if self.memory.try_admit(loaded, loaded.plan, waitable=end is not None and time.monotonic() < end,
+                                         lease=lease):
+                    break
+                self.memory.wait_for_room(waiter, since, end)
         except BaseException:
             with self._lock:
                 if loaded is not None and self._models.get(name) is loaded:
@@ -201,6 +205,7 @@ class Runtime:
                     self._forget(loaded)
             if loaded is not None:
                 loaded.scheduler.close()
+                self.memory.freed()  # its room, if it was admitted, is free again
             elif executor is not None:
                 executor.close()
             model.close()
@@ -249,6 +254,7 @@ class Runtime:
             self.memory.release(loaded)
             self._forget(loaded)
         self._close(loaded)
+        self.memory.freed()  # its room is free: another model's first in line may fit now
 
     def _forget(self, loaded: LoadedModel) -> None:
         """Take a model out of the loaded set (under the lock); `_close` it after the lock is released."""
@@ -322,6 +328,12 @@ class Runtime:
                 pins.discard(lease)
             self.memory.released(lease)
             self._changed.notify_all()
+        self.memory.freed()  # what it pinned may be what another model's first in line waits for
+
+    def _wake_lines(self) -> None:
+        """Have every loaded model's loop look at its line again (memory was let go); never under the lock."""
+        for loaded in self._loaded():
+            loaded.scheduler.wake()
 
     def _pin_sets(self) -> dict[str, set[Lease]]:
         """The leases pinning each model, copied under the lock (for the memory manager)."""

@@ -253,7 +253,7 @@ class DecodeBatcher(Executor):
         super()._fail_waiting(error)
 
     def _fail_work(self, kind: str, item: Any, error: BaseException) -> None:
-        if kind == "call":
+        if kind in ("call", "admit"):
             super()._fail_work(kind, item, error)
         elif kind == "resume":
             for line in item:
@@ -265,6 +265,8 @@ class DecodeBatcher(Executor):
     def _work(self, waited: bool) -> tuple[str, Any] | None:
         """What to run next (under the condition), the loop's policy (docs/performance.md, "Batching"):
 
+        0. the model's line, when something came or let go: the scheduler admits new requests
+           (`Scheduler.schedule`), which then bring their work;
         1. every sequence to resume (its pass answered, its streamed item come, or new): each runs to
            its next pass, so every row is ready for the step that follows;
         2. every waiting prefill (new rows join the next step together);
@@ -276,6 +278,9 @@ class DecodeBatcher(Executor):
         """
         if self._unclosed:
             return "close", None
+        admit = self._admission()
+        if admit is not None:
+            return admit
         ready = [line for line in self._lines if line.state == READY]
         if ready:
             return "resume", ready
@@ -293,6 +298,9 @@ class DecodeBatcher(Executor):
 
     def _run(self, kind: str, items: Any) -> None:
         """One unit of work: a call, the sequences to resume, or a pass over the rows taken."""
+        if kind == "admit":
+            super()._run(kind, items)
+            return
         self._last = kind
         if kind == "call":
             super()._run(kind, items)

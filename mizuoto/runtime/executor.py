@@ -87,6 +87,7 @@ class Executor:
         # requests' work answered under the condition, ended once it is released (a request's release runs
         # then, and may take other locks: never under this condition)
         self._ends: list[Lease] = []
+        self._admit = False  # the placement's line has something to decide (`wake`): the loop's next unit of work
 
     # -- submitting -------------------------------------------------------------------------------
     def call(self, fn: Callable[[], Any], lease: Lease | None = None, kind: str = "call", *,
@@ -130,6 +131,19 @@ class Executor:
             self._calls.append(job)
             self.cond.notify_all()
         return job
+
+    def wake(self) -> None:
+        """Have the loop run its placement's admission (`placement.schedule()`) as its next unit of work.
+
+        Called outside every lock above this condition (a request came into the line, one let go,
+        memory was freed); a closed loop ignores it (its placement refused what was in line).
+        """
+        with self.cond:
+            if self.closed:
+                return
+            self._admit = True
+            self._start()
+            self.cond.notify_all()
 
     def pending(self) -> int:
         """Calls waiting plus the unit of work running now: 0 when the loop is idle.
@@ -232,10 +246,27 @@ class Executor:
 
     def _work(self, waited: bool) -> tuple[str, Any] | None:
         """What to run next (under the condition); `waited`: the last sleep timed out."""
+        admit = self._admission()
+        if admit is not None:
+            return admit
         return ("call", self._calls.popleft()) if self._calls else None
+
+    def _admission(self) -> tuple[str, Any] | None:
+        """The placement's admission when it is due (under the condition): before any other work, since
+        the requests it admits bring the work that follows."""
+        if not self._admit:
+            return None
+        self._admit = False
+        return ("admit", None) if self.placement is not None else None
 
     def _run(self, kind: str, item: Any) -> None:
         """Run one unit of work taken by `_work` (outside the condition)."""
+        if kind == "admit":
+            placement = self.placement
+            if placement is not None:
+                with self.timing("admit"):
+                    placement.schedule()
+            return
         try:
             with self.timing(item.kind), within(item.lease):  # the request's code sees its lease (lease.current)
                 result = item.fn()
@@ -246,6 +277,8 @@ class Executor:
 
     def _fail_work(self, kind: str, item: Any, error: BaseException) -> None:
         """The loop failed while running `item`: answer it (under the condition)."""
+        if kind == "admit":  # the line is the placement's (schedule answers its own refusals): the next wake
+            return
         if not item.done.is_set():
             item.finish(None, error, self._ends)
 

@@ -1,12 +1,15 @@
 """One request on one model as its model's scheduler owns it: its lease, its place in line, its status.
 
-A request's status moves one way, each move made by its model's scheduler under its condition:
+A request's status moves one way, each move made under its scheduler's condition; every move out
+of the line (admitted, or refused) is made by the model's loop (`Scheduler.schedule`), except that
+a request leaving the line before the loop looks at it takes itself out:
 
-    waiting -> (waiting for memory -> waiting ...) -> running -> ending -> finished
+    waiting -> (waiting for memory) -> running -> ending -> finished
 
 - `waiting`: in its model's line, in arrival order.
 - `waiting for memory`: its turn came, but memory that other models' requests hold is not free yet;
-  it keeps its place in line meanwhile (no later request on the model overtakes it).
+  it keeps its place at the head of the line meanwhile (no later request on the model overtakes it),
+  and the loop tries again when memory is let go anywhere in the runtime.
 - `running`: it holds the model; `stage` names the stage call it runs now (None between calls).
 - `ending`: its iterator ended or was closed, or its caller gave up; work of its still runs on the
   model (a call that had started), and the model stays its own until that work has ended.
@@ -17,6 +20,7 @@ A request's status moves one way, each move made by its model's scheduler under 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mizuoto.runtime.lease import Lease
@@ -56,6 +60,12 @@ class Request:
     reason: str | None = None
     growing: bool = False  # waiting for room beside the requests running with it (Scheduler.resize)
     arrived: float = field(default_factory=time.monotonic)
+    # what the loop admits it with: its memory (others' bytes -> admitted, or False to wait for memory), its figures
+    admit: Callable[[int], bool] | None = None
+    asked: tuple[int, int, int | None, int] = (0, 0, None, 0)  # (peak, reserve, budget, bound) it asked to hold with
+    deciding: bool = False  # its admission is its lease's work on the loop until the loop (or its leaving) decides
+    left: bool = False  # its thread gave up while the loop was admitting it: a message the loop acts on
+    error: BaseException | None = None  # why it was refused, for its thread to raise
 
     @property
     def holds(self) -> bool:

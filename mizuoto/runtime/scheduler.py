@@ -14,16 +14,19 @@ placement, set once when it is made: the model's stage calls (`Model.use`) and c
 (`Model.room`) come here through it (`place`, `reserve`).
 
 Concurrency: `model.batch_width` requests at a time per model (one, unless its sequence stage
-batches), each held from its first chunk until its iterator finishes or is closed and its last
+batches), each held from its admission until its iterator finishes or is closed and its last
 work on the model has ended (`Lease.after_work`: a cancelled request's call still running keeps
-the model); other
-requests wait their turn in arrival order: none overtakes an earlier one that is still waiting
-(for a row, or for room beside the running ones), so a large request is not starved by a
-stream of small ones that would each fit. A thread that opens a second stream on a model while
-its first is still open gets an error instead of a deadlock. A batched request may also wait for
-room: `hold(peak=..., budget=...)` admits it only while every holder, the joiner included, still
-fits its own peak beside the others' working memory (checking the joiner alone would let a small
-request join beside a large one that then no longer fits).
+the model). Admission is the model's loop's: a request goes into the line (`hold`) and the loop
+admits it (`schedule`, a unit of its work, run when something came into the line or let go
+anywhere in the runtime), in arrival order: none overtakes an earlier one that is still waiting
+(for a place, for room beside the running ones, or for memory other models' requests hold), so a
+large request is not starved by a stream of small ones that would each fit. The request's thread
+only waits for the answer, bounded by its lease; leaving the line is a message the loop acts on
+when it is admitting that request at the moment. A thread that opens a second stream on a model
+while its first is still open gets an error instead of a deadlock. A batched request joins only
+while every holder, the joiner included, still fits its own peak beside the others' working
+memory (checking the joiner alone would let a small request join beside a large one that then no
+longer fits).
 
 Placement: the runtime decides a model's target (a plan, or offloaded) under its own lock and
 calls `sync()` outside it; `sync` and a stage call's moves take the scheduler's turn lock (batched
@@ -44,11 +47,11 @@ from collections.abc import Callable, Iterator
 import torch
 
 from mizuoto.runtime.engine import AudioChunk, Model, SynthesisRequest
-from mizuoto.errors import InvalidRequest, MemoryBudgetError
+from mizuoto.errors import InvalidRequest, MemoryBudgetError, RequestCancelled
 from mizuoto.runtime.executor import JOIN_S, Executor
 from mizuoto.runtime.lease import POLL_S, Lease, within
 from mizuoto.runtime.memory import Plan, format_bytes
-from mizuoto.runtime.request import ENDING, RUNNING, WAITING, WAITING_FOR_MEMORY, Request, RequestInfo
+from mizuoto.runtime.request import ENDING, FINISHED, RUNNING, WAITING, WAITING_FOR_MEMORY, Request, RequestInfo
 
 log = logging.getLogger("mizuoto.runtime")
 _END = object()
@@ -60,8 +63,12 @@ class Scheduler:
 
     def __init__(self, model: Model, device: str | torch.device, host: str | torch.device = "cpu",
                  name: str = "model", executor: Executor | None = None, cond: threading.Condition | None = None,
-                 room: Callable[..., contextlib.AbstractContextManager] | None = None):
+                 room: Callable[..., contextlib.AbstractContextManager] | None = None,
+                 released: Callable[[], None] | None = None):
         self.model = model
+        # called (outside the lock) when a request of this model lets go: the runtime wakes every model's line,
+        # since memory this model's requests held may be what another model's first in line waits for
+        self._released = released if released is not None else self.wake
         self._room = room  # the runtime's reservation of one stage call's working memory (Model.room)
         self.device = torch.device(device)
         self.host = torch.device(host)
@@ -80,6 +87,7 @@ class Scheduler:
         # is the scheduler's until its work on the model has ended (runtime.request)
         self._requests: dict[Lease, Request] = {}
         self._queue: list[Request] = []
+        self._admitting: Request | None = None  # the request the loop is admitting now (outside the condition)
         self._arrivals = itertools.count()
         self.finished: collections.deque[Request] = collections.deque(maxlen=RECENT)  # the last ones, for requests()
         own = model.batch_loop()  # a batching model's continuous batch, made now (at load) if not yet
@@ -160,49 +168,55 @@ class Scheduler:
             if me.holds:
                 me.peak = grown
             self._cond.notify_all()
+        self.wake()  # a smaller peak may let the first in line join
 
     @contextlib.contextmanager
     def hold(self, lease: Lease, name: str = "model", reserve: int = 0, peak: int = 0,
-             budget: int | None = None, bound: int | None = None) -> Iterator[None]:
+             budget: int | None = None, bound: int | None = None,
+             admit: Callable[[int], bool] | None = None) -> Iterator[None]:
         """Hold the model for one request of `peak` bytes that keeps `reserve` of them while others run beside it;
-        with a `budget`, it joins a running batch only while `together()` stays within it. The lease's
-        cancel or deadline ends the wait for a turn (RequestCancelled). The hold ends when the block has
-        ended and so has the request's work on the model (`Lease.after_work`)."""
+        with a `budget`, it joins a running batch only while `together()` stays within it.
+
+        The request goes into the model's line and the model's loop admits it (`schedule`): in
+        arrival order, when a place is free and, with `admit`, once `admit(others)` made room for
+        it beside the `others` bytes the requests running already need (False: memory other
+        models' requests hold is not free yet; it waits at the head of the line for it). This
+        thread only waits for the loop's answer; the lease's cancel or deadline ends that wait
+        (RequestCancelled) and takes the request out of line. The hold ends when the block has
+        ended and so has the request's work on the model (`Lease.after_work`).
+        """
         me = threading.get_ident()
-        width = max(1, self.model.batch_width)
+        if self.executor.on_thread():
+            raise InvalidRequest(f"a request on {name} cannot start on its model's own compute loop")
         with self._cond:
             if any(r.thread == me for r in self._holders()):
                 raise InvalidRequest(f"a request on {name} is still open in this thread; finish or close it first")
-            request = self._requests.get(lease)
-            if request is not None and request.holds:
-                raise InvalidRequest(f"this request already holds {name}")
-            if request is None:
-                request = self._requests[lease] = Request(lease, self.name, next(self._arrivals))
-                bisect.insort(self._queue, request, key=lambda r: r.ticket)
-            request.status = WAITING  # a request back from waiting for memory is in line at its place already
-
-            def turn() -> bool:
-                holders = self._holders()
-                if self._queue[0] is not request or len(holders) >= width:
-                    return False
-                if not holders or budget is None:
-                    return True
-                # joining: every holder's largest call (its bound) must fit beside the others' reserves, so
-                # that no row's call can later wait for room only rows waiting to grow too could give
-                rows = [*((r.bound, r.reserve) for r in holders), (max(bound or peak, reserve), reserve)]
-                return max(p - r for p, r in rows) + sum(r for _, r in rows) <= budget
-            try:
-                lease.wait_for(self._cond, turn, f"while waiting for its turn on {name}")
-            except BaseException as e:
-                self._end(request, str(e))
-                raise
-            finally:
-                if request in self._queue:
-                    self._queue.remove(request)
-                self._cond.notify_all()  # the next in line may fit now (or the line moved on without me)
-            request.status, request.thread = RUNNING, me
-            request.peak, request.reserve = max(peak, reserve), reserve
-            request.bound = max(bound or peak, reserve)
+            if lease in self._requests:
+                raise InvalidRequest(f"this request already holds or waits for {name}")
+            request = self._requests[lease] = Request(lease, self.name, next(self._arrivals))
+            request.admit, request.asked = admit, (max(peak, reserve), reserve, budget, max(bound or peak, reserve))
+            # its admission is its lease's work until decided: the lease is not released under the loop's admit
+            request.deciding = True
+            lease.begin_work()
+            bisect.insort(self._queue, request, key=lambda r: r.ticket)
+        try:
+            self.executor.check_open()
+            self.wake()
+            with self._cond:
+                while request.status in (WAITING, WAITING_FOR_MEMORY):
+                    status = request.status
+                    where = (f"while waiting for its turn on {name}" if status == WAITING
+                             else "while waiting for memory held by other models")
+                    lease.wait_for(self._cond, lambda: request.status != status, where)
+                if request.error is not None:
+                    raise request.error
+                if not request.holds:  # taken out of line by the loop: its lease ended
+                    lease.check(f"while waiting for its turn on {name}")
+                    raise RequestCancelled(f"the request ended while waiting for its turn on {name}: {request.reason}")
+                request.thread = me
+        except BaseException as e:
+            self._abandon(request, e)
+            raise
         try:
             yield
         finally:
@@ -212,23 +226,111 @@ class Scheduler:
                     request.status = ENDING
             lease.after_work(lambda: self._let_go(request))  # the model stays held while its work runs
 
-    def keep_place(self, lease: Lease) -> None:
-        """Call inside `hold` before leaving it to wait for room elsewhere: the request stays in line at its place, so
-        none that came later takes the model meanwhile; it enters `hold` again at the front, or `leave_line`."""
+    def _abandon(self, request: Request, error: BaseException) -> None:
+        """The request's thread stopped waiting for its admission (its lease ended, or it was refused)."""
+        ended, admitted = False, False
         with self._cond:
-            request = self._requests[lease]
-            request.status, request.thread = WAITING_FOR_MEMORY, None
-            bisect.insort(self._queue, request, key=lambda r: r.ticket)
-
-    def leave_line(self, lease: Lease) -> None:
-        """The request no longer waits (it runs, or ended while waiting for memory: its lease says how)."""
-        with self._cond:
-            request = self._requests.get(lease)
-            if request is not None and not request.holds:
+            if request.holds:  # admitted as it gave up: its hold ends like any other's
+                request.thread, request.status, admitted = None, ENDING, True
+            elif request is self._admitting:
+                request.left = True  # the loop is admitting it now: it takes it out once admit() has answered
+            elif request.status != FINISHED:
                 if request in self._queue:
                     self._queue.remove(request)
-                self._end(request)
+                self._end(request, f"{type(error).__name__}: {error}")
+            if not request.left and request.deciding:
+                request.deciding, ended = False, True
             self._cond.notify_all()
+        if admitted:
+            request.lease.after_work(lambda: self._let_go(request))
+        if ended:
+            request.lease.end_work()
+        self.wake()  # the line moved on without it
+
+    def wake(self) -> None:
+        """Have the model's loop look at its line (a request came, one let go, or memory was freed somewhere)."""
+        if self._queue:
+            self.executor.wake()
+
+    def schedule(self) -> None:
+        """Admit waiting requests in arrival order while each fits: the model's loop's admission (its own thread).
+
+        A request is admitted when a place is free (`batch_width`), it fits beside the requests
+        running with it (their `budget`), and its `admit` made room on the device; when memory
+        other models' requests hold is not free yet, it keeps the head of the line and the loop
+        tries again at its next wake. A request whose lease ended, or whose thread left, is taken
+        out of line here; a refusal (its `admit` raised) goes to its thread.
+        """
+        width = max(1, self.model.batch_width)
+        while True:
+            ends: list[Lease] = []
+            with self._cond:
+                head = None
+                while self._queue and head is None:
+                    first = self._queue[0]
+                    if not (first.left or first.lease.cancelled):
+                        head = first
+                        break
+                    self._queue.pop(0)
+                    self._end(first)
+                    if first.deciding:  # its admission, its lease's work, ends here
+                        first.deciding = False
+                        ends.append(first.lease)
+                    self._cond.notify_all()
+                if head is not None and not self._fits(head, width):
+                    head = None
+                if head is None:
+                    break
+                peak, reserve, _, _ = head.asked
+                rows = [*((r.peak, r.reserve) for r in self._holders()), (peak, reserve)]
+                others = max(p - r for p, r in rows) + sum(r for _, r in rows) - peak
+                self._admitting = head
+            try:
+                admitted, error = (head.admit(others) if head.admit is not None else True), None
+            except BaseException as e:  # refused: its thread raises it
+                admitted, error = False, e
+            with self._cond:
+                self._admitting = None
+                decided = admitted or error is not None or head.left
+                if decided:
+                    self._queue.remove(head)
+                    head.deciding = False
+                if admitted:
+                    peak, reserve, _, bound = head.asked
+                    head.status, head.peak, head.reserve, head.bound = RUNNING, peak, reserve, bound
+                    if head.left:
+                        head.status = ENDING
+                elif error is not None:
+                    head.error = error
+                    self._end(head, f"{type(error).__name__}: {error}")
+                elif head.left:
+                    self._end(head)
+                else:
+                    head.status = WAITING_FOR_MEMORY
+                self._cond.notify_all()
+            for lease in ends:
+                lease.end_work()
+            if decided:
+                head.lease.end_work()
+            if admitted and head.left:
+                head.lease.after_work(lambda r=head: self._let_go(r))
+            if not decided:
+                return  # the head waits for memory: nothing behind it overtakes it
+        for lease in ends:
+            lease.end_work()
+
+    def _fits(self, request: Request, width: int) -> bool:
+        """Whether `request` may join the requests holding the model now (under the condition)."""
+        holders = self._holders()
+        if len(holders) >= width:
+            return False
+        peak, reserve, budget, bound = request.asked
+        if not holders or budget is None:
+            return True
+        # joining: every holder's largest call (its bound) must fit beside the others' reserves, so that no
+        # row's call can later wait for room only rows waiting to grow too could give
+        rows = [*((r.bound, r.reserve) for r in holders), (bound, reserve)]
+        return max(p - r for p, r in rows) + sum(r for _, r in rows) <= budget
 
     def failed(self, lease: Lease, error: BaseException) -> None:
         """Note the error a holding request ends with (its reason once it finishes)."""
@@ -238,11 +340,12 @@ class Scheduler:
                 request.reason = f"{type(error).__name__}: {error}"
 
     def _let_go(self, request: Request) -> None:
-        """The request's hold ends (its last work on the model has ended)."""
+        """The request's hold ends (its last work on the model has ended): the loop looks at the line again."""
         with self._cond:
             if request.holds:
                 self._end(request)
             self._cond.notify_all()
+        self._released()
 
     def _end(self, request: Request, reason: str | None = None) -> None:
         """It is finished (under the condition): out of the scheduler, into the recent ones."""
@@ -339,9 +442,21 @@ class Scheduler:
                 chunks.close()
 
     def close(self) -> None:
-        """Stop and join the model's compute loop (the executor this scheduler made, or the model's batch: an
-        engine's own close need not remember it; closing twice is harmless); the model, if used on, runs where
-        its modules are."""
+        """Refuse the requests still in line, stop and join the model's compute loop (the executor this scheduler
+        made, or the model's batch: an engine's own close need not remember it; closing twice is harmless); the
+        model, if used on, runs where its modules are."""
+        refused = []
+        with self._cond:
+            for request in [r for r in self._queue if r is not self._admitting]:  # that one: the loop answers it
+                self._queue.remove(request)
+                request.error = RequestCancelled(f"{self.name}: the model was closed")
+                self._end(request, str(request.error))
+                if request.deciding:
+                    request.deciding = False
+                    refused.append(request.lease)
+            self._cond.notify_all()
+        for lease in refused:
+            lease.end_work()
         self.executor.placement = None
         self.executor.close()
         if self._made:

@@ -438,15 +438,21 @@ def test_one_lock_decides_pins_admission_and_each_models_turns(rt, tone_dir):
     assert rt._get(name).scheduler._cond is rt._changed
 
 
-def test_two_requests_each_waiting_for_the_others_room_do_not_deadlock(tone_dir, tmp_path):
-    """Request A holds model X and waits for room held by Y; B holds Y and would wait for X's room: each would
-    wait for the other for good (no deadline). B gives way at once with a MemoryBudgetError, and A then runs."""
+def _short_and_long(tone_dir):
+    """The tone model's peak, a short request's plan peak, and a long request's peak during its render call."""
     peak, _ = _peaks(tone_dir)
     with Runtime(engines=[ToneEngine], plugins=False) as probe:
         name = probe.load(tone_dir)
         small = probe.memory.plan_for(probe._get(name), SynthesisRequest("ab", voice="low")).peak
         long_need = _call_peak(probe, name, SynthesisRequest("ab" * 300, voice="low", speed=0.25), "render",
                                notes=600, samples=int(NOTE_SECONDS * 16000 / 0.25))
+    return peak, small, long_need
+
+
+def test_two_requests_each_waiting_for_the_others_room_do_not_deadlock(tone_dir, tmp_path):
+    """Request A holds model X and waits for room held by Y; B holds Y and would wait for X's room: each would
+    wait for the other for good (no deadline). B gives way at once with a MemoryBudgetError, and A then runs."""
+    peak, small, long_need = _short_and_long(tone_dir)
     assert long_need > peak >= small
     other = write_model(tmp_path / "other")
     # both models fit beside each other's short request, a long one only alone
@@ -473,6 +479,44 @@ def test_two_requests_each_waiting_for_the_others_room_do_not_deadlock(tone_dir,
         assert time.monotonic() - started < 1.0
         a.join(30)
         assert not a.is_alive() and first and first[0], "A did not run once B gave way"
+
+
+def test_a_wait_for_memory_another_models_lease_holds_looks_again_only_when_memory_is_let_go(
+        tone_dir, tmp_path, monkeypatch):
+    """A long request on x needs, for its render call, room a lease pinning y holds: it waits on x's own loop (x
+    runs one request at a time: its steps run there), tries again only when memory is let go (it looked every
+    50 ms before), and the lease's release lets it run."""
+    from mizuoto.runtime.lease import Lease
+
+    _, small, long_need = _short_and_long(tone_dir)
+    other = write_model(tmp_path / "other")
+    with Runtime(ram=long_need + small // 2, engines=[ToneEngine], plugins=False) as rt:
+        x = rt.load(tone_dir, name="x")
+        list(rt.synthesize(x, "ab", voice="low"))
+        y = rt.load(other, name="y")
+        list(rt.synthesize(y, "ab", voice="low"))
+        holding = Lease()
+        assert rt.pin(y, holding)
+        tries, original = [], rt.memory.try_admit
+
+        def counted(loaded, plan, *args, **kwargs):
+            if loaded.name == x and kwargs.get("waitable"):
+                tries.append(threading.current_thread().name)
+            return original(loaded, plan, *args, **kwargs)
+        monkeypatch.setattr(rt.memory, "try_admit", counted)
+        done: list = []
+        a = threading.Thread(target=lambda: done.append(list(rt.synthesize(x, "ab" * 300, voice="low", speed=0.25))))
+        a.start()
+        end = time.monotonic() + 10
+        while not rt.memory._room_waits and time.monotonic() < end:
+            time.sleep(0.01)
+        waiting = len(tries)
+        time.sleep(0.5)
+        assert a.is_alive() and not done and len(tries) == waiting, tries  # nothing was let go: no new try
+        holding.release()
+        a.join(30)
+        assert not a.is_alive() and done and done[0]
+        assert set(tries) == {"mizuoto-x-compute"}  # on x's loop, not in the request's thread
 
 
 def test_a_load_failing_after_its_admission_gives_its_room_back(tone_dir, tmp_path, monkeypatch):

@@ -22,6 +22,16 @@ def _setup(tone_dir, stream, pinned):
     return model, Scheduler(model, "cpu"), plan
 
 
+def _until(done, timeout=10.0):
+    """Whether done() came true within `timeout` seconds (polled: for a state another thread reaches)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return bool(done())
+
+
 def _run(sched, request):
     lease = Lease()
     with sched.hold(lease):
@@ -176,24 +186,18 @@ def test_waiting_requests_enter_in_arrival_order_and_none_overtakes_a_large_one(
             order.append(name)
             release[name].wait(10)
 
-    def until(done):
-        deadline = time.monotonic() + 10
-        while not done() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return done()
-
     threads = {n: threading.Thread(target=holder, args=(n, *sizes))
                for n, sizes in (("small", (2, 2)), ("large", (9, 1)), ("later", (2, 2)))}
     threads["small"].start()
-    assert until(lambda: order)
+    assert _until(lambda: order)
     threads["large"].start()  # 9 beside the running 2 is 11 > 10: waits
-    assert until(lambda: sched.waiting == 1)
+    assert _until(lambda: sched.waiting == 1)
     threads["later"].start()  # would fit beside "small" (2 + 2), but "large" came first
-    assert until(lambda: sched.waiting == 2 or len(order) > 1)
+    assert _until(lambda: sched.waiting == 2 or len(order) > 1)
     time.sleep(0.2)
     assert order == ["small"] and sched.running == 1
     release["small"].set()
-    assert until(lambda: len(order) >= 2)
+    assert _until(lambda: len(order) >= 2)
     time.sleep(0.2)
     assert order == ["small", "large"] and sched.running == 1  # "later" does not fit beside "large"
     release["large"].set(), release["later"].set()
@@ -278,6 +282,133 @@ def test_a_cancel_ends_the_wait_for_a_turn(tone_dir):
         assert isinstance(error, RequestCancelled) and "waiting for its turn" in str(error) and took < 1.0
         assert sched.waiting == 0 and sched.running == 1
     assert sched.running == 0
+
+
+def test_the_models_loop_admits_its_requests(tone_dir):
+    """Admission is decided on the model's own loop thread (Scheduler.schedule), not in the requests' threads: a
+    request's `admit` (its memory) runs there, and the request's thread only waits for the answer."""
+    import threading
+
+    model, sched, plan = _setup(tone_dir, stream=False, pinned=())
+    sched.apply(plan)
+    where = []
+
+    def admit(others):
+        where.append((threading.current_thread().name, others))
+        return True
+    lease = Lease()
+    with sched.hold(lease, peak=3, admit=admit):
+        assert sched.running == 1 and sched.requests()[0].status == "running"
+    assert where == [("mizuoto-model-compute", 0)]
+    sched.close()
+
+
+def test_a_request_waiting_for_memory_keeps_the_head_and_is_tried_again_only_when_woken(tone_dir):
+    """`admit` False: the request waits for memory at the head of the line (a later one does not overtake it),
+    and the loop tries again when something lets go (`wake`), not on a timer."""
+    import threading
+    import time
+
+    model, sched, plan = _setup(tone_dir, stream=False, pinned=())
+    sched.apply(plan)
+    free, tries, order = threading.Event(), [], []
+
+    def admit(others):
+        tries.append(time.monotonic())
+        return free.is_set()
+
+    def first():
+        with sched.hold(Lease(), admit=admit):
+            order.append("first")
+
+    def later():
+        with sched.hold(Lease()):
+            order.append("later")
+    threads = [threading.Thread(target=first)]
+    threads[0].start()
+    assert _until(lambda: sched.requests() and sched.requests()[0].status == "waiting for memory")
+    threads.append(threading.Thread(target=later))
+    threads[1].start()
+    assert _until(lambda: sched.waiting == 2)
+    time.sleep(0.3)
+    assert order == [] and 1 <= len(tries) <= 2  # its first try, and at most one for the later arrival's wake
+    free.set()
+    sched.wake()  # what the runtime does when a request anywhere lets go
+    for t in threads:
+        t.join(10)
+    assert order == ["first", "later"] and sched.waiting == 0 and sched.running == 0
+    sched.close()
+
+
+def test_a_request_leaving_while_the_loop_admits_it_is_let_go_by_the_loop(tone_dir):
+    """Forced: the request's lease is cancelled while the loop is inside its `admit`. Its thread returns at once;
+    the loop, once admit() answered (admitted), lets the request go; its lease is released only then (so what
+    admit() pinned is released too), and the next request in line is admitted."""
+    import threading
+
+    from mizuoto.errors import RequestCancelled
+    model, sched, plan = _setup(tone_dir, stream=False, pinned=())
+    sched.apply(plan)
+    inside, answer, released = threading.Event(), threading.Event(), []
+
+    def admit(others):
+        inside.set()
+        answer.wait(10)
+        return True
+    lease = Lease()
+    lease.on_release(lambda: released.append("released"))
+    errors = []
+
+    def leaving():
+        try:
+            with sched.hold(lease, admit=admit):
+                errors.append("held")
+        except RequestCancelled as e:
+            errors.append(e)
+        finally:
+            lease.release()
+    t = threading.Thread(target=leaving)
+    t.start()
+    assert inside.wait(10)
+    lease.cancel("by the test")
+    t.join(1.0)
+    assert not t.is_alive() and isinstance(errors[0], RequestCancelled)
+    assert released == []  # the loop is still admitting it: its lease's release waits for that
+    answer.set()
+    assert _until(lambda: released == ["released"])
+    assert _until(lambda: sched.running == 0)
+    assert sched.requests(finished=True)[-1].status == "finished"
+    assert _run(sched, PRESET)  # the model serves the next request
+    sched.close()
+
+
+def test_closing_the_scheduler_refuses_its_line(tone_dir):
+    """A request waiting in line when its model closes is refused (RequestCancelled, "closed") at once."""
+    import threading
+
+    from mizuoto.errors import RequestCancelled
+    from mizuoto.testing.waits import held_elsewhere
+
+    model, sched, plan = _setup(tone_dir, stream=False, pinned=())
+    sched.apply(plan)
+    errors = []
+
+    def waiter():
+        try:
+            with sched.hold(Lease()):
+                errors.append("held")
+        except RequestCancelled as e:
+            errors.append(str(e))
+    with held_elsewhere(lambda: sched.hold(Lease())):
+        t = threading.Thread(target=waiter)
+        t.start()
+        assert _until(lambda: sched.waiting == 1)
+        sched.close()
+        t.join(1.0)
+        assert not t.is_alive() and errors and "closed" in errors[0]
+    with pytest.raises(RequestCancelled, match="closed"):
+        with sched.hold(Lease()):
+            pass
 
 
 def test_a_cancel_ends_a_wait_to_move_a_batched_models_modules_during_a_stage_call(tone_dir):
