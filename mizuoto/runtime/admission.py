@@ -23,6 +23,7 @@ import torch
 
 from mizuoto.errors import InvalidRequest, MemoryBudgetError, MizuotoError, RequestCancelled, RequestTooLarge
 from mizuoto.runtime.engine import SynthesisRequest
+from mizuoto.runtime.executor import RoomLater
 from mizuoto.runtime.lease import Lease
 from mizuoto.runtime.loaded import LoadedModel
 from mizuoto.runtime.memory import Eviction, Plan, Pool, detect_budget, measure, parse_bytes, peak_of, plan_model
@@ -219,14 +220,16 @@ class MemoryManager:
                 with self._cond:
                     self._cond.notify_all()
 
-    def _admit_held(self, loaded: LoadedModel, plan: Plan, lease: Lease, wait: bool = True) -> None:
+    def _admit_held(self, loaded: LoadedModel, plan: Plan, lease: Lease, aside: bool = False) -> None:
         """Admit a held model for `plan` beside the requests running with it, waiting for room until the lease
-        ends (`wait=False`: MemoryBudgetError at once when only others' requests could make room)."""
-        loaded.scheduler.resize(lease, plan.peak, self.pool(loaded.options.device).device_budget, wait)
+        ends (`aside`, on a compute loop: RoomLater at once when only others' requests could make room)."""
+        loaded.scheduler.resize(lease, plan.peak, self.pool(loaded.options.device).device_budget, wait=not aside)
         while True:
             since = self.since()
-            if self.try_admit(loaded, plan, loaded.scheduler.together() - plan.peak, waitable=wait, lease=lease):
+            if self.try_admit(loaded, plan, loaded.scheduler.together() - plan.peak, waitable=True, lease=lease):
                 return
+            if aside:
+                raise RoomLater(f"model {loaded.name}: room held by other models' requests")
             self.wait_for_room(lease, since)
 
     def _check_cycle(self, name: str, lease: Lease, busy: set[str], pins: dict[str, set[Lease]]) -> None:
@@ -270,11 +273,12 @@ class MemoryManager:
 
         The request's plan is made again with the figures of its calls reserved now (its placement
         may change to make room) and admitted as `turn` admits it: evicting idle models, or waiting
-        for room other requests hold, until the lease's end. A reservation inside another one for
-        the same stage that it covers adds nothing (a batched model's call reserved by its request's
-        thread, then entered again on the compute loop, never waits there). A call the budget can
-        never hold is RequestTooLarge, before it runs. After the block the request's plan is back to
-        what its other open reservations need.
+        for room other requests hold, until the lease's end. On a batched model's compute loop,
+        which never waits (every other row would wait with it), a call whose room others hold now
+        raises `RoomLater` instead: the loop puts it aside and runs it again when memory is let go.
+        A reservation inside another one for the same stage that it covers adds nothing. A call the
+        budget can never hold is RequestTooLarge, before it runs. After the block the request's
+        plan is back to what its other open reservations need.
         """
         base = lease.plan
         if base is None or lease.model != loaded.name:
@@ -288,32 +292,35 @@ class MemoryManager:
         if covered:
             yield
             return
+
+        def let_go() -> None:
+            with self._cond:
+                if previous is None:
+                    held.pop(stage, None)
+                else:
+                    held[stage] = previous
+                if not held:
+                    self._calls.pop(lease, None)
+            plan = self._call_plan(loaded, base, held, stage, sizes)
+            loaded.scheduler.resize(lease, plan.peak)
+            try:
+                # smaller than what the call had: nothing to evict, and an eviction here would close a
+                # model on this model's compute loop (let_go runs where the call's work ended)
+                self.try_admit(loaded, plan, loaded.scheduler.together() - plan.peak, lease=lease, evict=False)
+            except RequestCancelled:  # its modules move at the next sync or stage call
+                pass
+            except MizuotoError as e:  # smaller than what was just admitted: only an unload beside it gets here
+                log.warning("%s: the request's plan after its %s call: %s", loaded.name, stage, e)
+            self.freed()  # the call's room is free again
         try:
-            # on a batched model's compute loop nothing may wait (every other row would wait with it):
-            # room is made there only by evicting idle models
             on_loop = loaded.model.batch_width > 1 and loaded.scheduler.executor.running_lease() is not None
-            self._admit_held(loaded, self._call_plan(loaded, base, held, stage, sizes), lease, wait=not on_loop)
+            self._admit_held(loaded, self._call_plan(loaded, base, held, stage, sizes), lease, aside=on_loop)
+        except BaseException:
+            let_go()  # nothing ran: what was reserved for it goes back now
+            raise
+        try:
             yield
         finally:
-            def let_go() -> None:
-                with self._cond:
-                    if previous is None:
-                        held.pop(stage, None)
-                    else:
-                        held[stage] = previous
-                    if not held:
-                        self._calls.pop(lease, None)
-                plan = self._call_plan(loaded, base, held, stage, sizes)
-                loaded.scheduler.resize(lease, plan.peak)
-                try:
-                    # smaller than what the call had: nothing to evict, and an eviction here would close a
-                    # model on this model's compute loop (let_go runs where the call's work ended)
-                    self.try_admit(loaded, plan, loaded.scheduler.together() - plan.peak, lease=lease, evict=False)
-                except RequestCancelled:  # its modules move at the next sync or stage call
-                    pass
-                except MizuotoError as e:  # smaller than what was just admitted: only an unload beside it gets here
-                    log.warning("%s: the request's plan after its %s call: %s", loaded.name, stage, e)
-                self.freed()  # the call's room is free again
             # the call's memory stays reserved while it runs: a request that stopped waiting for a call still
             # on the compute loop lets go when that call has ended (on the loop's thread)
             lease.after_work(let_go)

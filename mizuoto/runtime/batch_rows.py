@@ -25,6 +25,7 @@ class Stopped(RequestCancelled):
 IDLE, PENDING, RUNNING = "idle", "pending", "running"
 # A sequence's states (runtime.batching's docstring says what each means).
 READY, FORWARD, TEXT, ENDED = "ready", "forward", "text", "ended"
+ASIDE = "aside"  # a sequence whose room others hold as it starts: it starts again when memory is let go
 
 
 class Row:
@@ -68,6 +69,7 @@ class Line:
         self.answers: dict[int, Any] = {}  # row index -> its result in the pass the line waits for
         self.out: queue.Queue = queue.Queue()  # tokens, Next requests, then the end or an error
         self.left = False  # the request stopped reading: its loop is closed at its next resume
+        self.started = False  # its loop gave its first pass, token or wait (before it, a RoomLater puts it aside)
 
 
 class Pass:

@@ -31,7 +31,9 @@ request's thread takes from its source: the caller's iterator never blocks the l
 loop copies what a pass reads when it takes the work, under the condition, so a request that
 leaves mid-pass ends its own rows only. A request leaving (its token iterator closed, its lease
 cancelled) is a message to the loop: its loop is closed there, on the loop's thread, after any
-pass of its still running, and its rows and its lease's work end then. Every wait of a request (a
+pass of its still running, and its rows and its lease's work end then. A sequence whose room
+(`Model.decode`'s reservation, made as its loop starts) is held by others is put ASIDE with its
+rows, unstarted, and starts again when the loop is woken (memory let go). Every wait of a request (a
 place in the batch, its next token) takes the request's lease and ends with it. An error in a
 forward pass goes to that pass's rows; a failure of the loop itself goes to every request waiting
 on it, and the loop goes on. close() answers everything still waiting and joins the loop.
@@ -54,11 +56,11 @@ from typing import Any
 
 import torch
 
-from mizuoto.errors import MizuotoError
-from mizuoto.runtime.batch_rows import (ENDED, FORWARD, IDLE, PENDING, READY, RUNNING, TEXT, Line, Pass, Row, Running,
-                                        Stopped)
+from mizuoto.errors import MemoryBudgetError, MizuotoError
+from mizuoto.runtime.batch_rows import (ASIDE, ENDED, FORWARD, IDLE, PENDING, READY, RUNNING, TEXT, Line, Pass, Row,
+                                        Running, Stopped)
 from mizuoto.runtime.decode import BatchStep
-from mizuoto.runtime.executor import Executor
+from mizuoto.runtime.executor import Executor, RoomLater
 from mizuoto.runtime.lease import POLL_S, Lease, current
 from mizuoto.runtime.sequence import Forward, Next
 from mizuoto.nn.lm.packed_linear import pack_linears
@@ -167,7 +169,7 @@ class DecodeBatcher(Executor):
                     if row.state == PENDING:
                         row.state, row.pending = IDLE, None
                         line.answers[row.index] = Stopped("the request was closed")
-                if line.state == TEXT or (line.state == FORWARD and len(line.answers) == len(line.rows)):
+                if line.state in (TEXT, ASIDE) or (line.state == FORWARD and len(line.answers) == len(line.rows)):
                     line.state = READY
                 self.cond.notify_all()
 
@@ -245,6 +247,14 @@ class DecodeBatcher(Executor):
             line.error = next((r for r in results if isinstance(r, BaseException)), None)
             line.value = None if line.error is not None else results
             line.state = READY
+
+    def _admission(self) -> tuple[str, Any] | None:
+        """The line's admission when due; the sequences put aside for room start again with the calls."""
+        if self._admit:
+            for line in self._lines:
+                if line.state == ASIDE:
+                    line.state = READY
+        return super()._admission()
 
     def _fail_waiting(self, error: BaseException) -> None:
         """Every sequence and call not yet taken gets `error` (under the condition)."""
@@ -354,6 +364,7 @@ class DecodeBatcher(Executor):
                     else:  # a plain iterator of tokens: it runs its own passes
                         op = line.context.run(next, line.loop)
                     value = error = None
+                    line.started = True
                     if isinstance(op, Forward):
                         with self.cond:
                             if line.state == ENDED:  # close() ended it meanwhile: it closes the loop
@@ -375,6 +386,14 @@ class DecodeBatcher(Executor):
                     line.out.put(op)  # a token
         except StopIteration:
             outcome = _END
+        except RoomLater as e:
+            if line.started:  # only a sequence's start reserves: past it, a failure like any other
+                outcome = MemoryBudgetError(f"its LM call's room is held by others: {e}")
+            else:  # its room is held by others as it starts: aside, its rows kept, until memory is let go
+                line.loop = None
+                with self.cond:
+                    if line.state != ENDED:
+                        line.state = READY if line.left else ASIDE
         except BaseException as e:  # the engine's loop failed: its request hears why
             outcome = e
         finally:

@@ -399,29 +399,31 @@ class Model(abc.ABC):
         """fn(device) on the model's compute thread with `stage`'s modules placed on `device`; fn's result.
 
         `sizes`: the call's input sizes when the stage declares `call_memory` (its working memory is
-        reserved for the call first, in the request's thread, waiting for room like admission);
-        `reserve`: other stages' calls fn makes inside (nested `compute`s), reserved with this one
-        (stage -> sizes, at most what they will be). `stage=None`: fn places nothing itself (each
-        nested `compute` does), device None. `kind` names the work in the loop's timings (default:
-        the stage); `urgent`: a request's first audio, which a batch loop runs ahead of its other work.
-        The request's cancel or deadline ends every wait here (RequestCancelled).
+        reserved for the call first, on the compute thread: a batch loop, which never waits, puts a
+        call whose room others hold aside until memory is let go; a model running one request at a
+        time waits there like admission); `reserve`: other stages' calls fn makes inside (nested
+        `compute`s), reserved with this one (stage -> sizes, at most what they will be).
+        `stage=None`: fn places nothing itself (each nested `compute` does), device None. `kind`
+        names the work in the loop's timings (default: the stage); `urgent`: a request's first
+        audio, which a batch loop runs ahead of its other work. The request's cancel or deadline
+        ends every wait here (RequestCancelled).
         """
-        # `reserve` is for a call sent to a batch loop, which must never wait for room; a model running one
-        # request at a time may wait on its compute thread: each nested compute reserves its own, as it comes
+        # `reserve` is for a call sent to a batch loop, whose nested computes must find their room made: a model
+        # running one request at a time reserves each nested compute's own, as it comes
         batched = self.batch_width > 1 and not (self.executor is not None and self.executor.on_thread())
         rooms = dict(reserve or {}) if batched else {}
         if stage is not None and sizes:
             rooms = {stage: sizes, **rooms}
-        with contextlib.ExitStack() as stack:
-            for name, call_sizes in rooms.items():
-                stack.enter_context(self.room(name, **call_sizes))
 
-            def run() -> Any:
+        def run() -> Any:
+            with contextlib.ExitStack() as stack:
+                for name, call_sizes in rooms.items():
+                    stack.enter_context(self.room(name, **call_sizes))
                 if stage is None:
                     return fn(None)
                 with self.use(stage) as device:
                     return fn(device)
-            return self.submit(run, kind=kind or stage or "call", urgent=urgent)
+        return self.submit(run, kind=kind or stage or "call", urgent=urgent)
 
     def decode(self, stage: str, loop: Callable[[Any], Iterator[int]], *, alone: bool = False,
                **sizes: int) -> Iterator[int]:
@@ -430,16 +432,22 @@ class Model(abc.ABC):
         The model's continuous batch runs it when the model batches (unless `alone`: the request by
         itself on this thread, a benchmark's single-request figures), else it runs alone here with
         one stage call per token. `sizes`: the whole generation's call sizes (`call_memory`),
-        reserved while the tokens are read.
+        reserved while the tokens are read (in a batch, by the batch loop as the sequence starts:
+        one whose room others hold waits aside there, its rows kept, until memory is let go).
         """
         spec = self.stage(stage).sequence
-        room = self.room(stage, **sizes) if sizes else contextlib.nullcontext()
-        with room:
-            batch = None if alone else self.batch_loop()
-            if batch is not None and spec is not None:
-                yield from batch.run(lambda rows: loop(RowSteps(rows if isinstance(rows, tuple) else (rows,), spec)),
-                                     rows=spec.rows)
-                return
+        batch = None if alone else self.batch_loop()
+        if batch is not None and spec is not None:
+            def produce(rows: Any) -> Iterator[Any]:
+                return loop(RowSteps(rows if isinstance(rows, tuple) else (rows,), spec))
+
+            def reserved(rows: Any) -> Iterator[Any]:
+                # on the batch loop, at the sequence's first resume: a room others hold puts it aside (RoomLater)
+                with self.room(stage, **sizes):
+                    return (yield from produce(rows))
+            yield from batch.run(reserved if sizes else produce, rows=spec.rows)
+            return
+        with self.room(stage, **sizes) if sizes else contextlib.nullcontext():
             tokens = iter(loop(AloneSteps(spec)))
             try:
                 while True:
@@ -491,9 +499,9 @@ class Model(abc.ABC):
         Yields the call's working memory (`Stage.call_working`). Under a runtime, the request's
         reservation grows to it first, evicting idle models or waiting for room like admission
         (RequestTooLarge when the budget can never hold it); without one, nothing is reserved.
-        `compute` enters it where the request may wait: in the request's own thread, before it sends
-        the call to a batched model's compute loop. Without a `lease`, the lease of the request whose
-        code runs (`runtime.lease.current`).
+        `compute` enters it on the model's compute loop as the call starts; a batch loop never waits:
+        there a room others hold raises `RoomLater` and the loop puts the call aside until memory is
+        let go. Without a `lease`, the lease of the request whose code runs (`runtime.lease.current`).
         """
         working = self.stage(stage).call_working(**sizes)
         lease = lease if lease is not None else current_lease()

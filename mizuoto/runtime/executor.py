@@ -16,6 +16,12 @@ call (`Model.use`) enters `placement.place(stage, lease)`, which brings the stag
 the plan says, and a call's reservation (`Model.room`) enters `placement.reserve(stage, lease,
 working, sizes)`. Without one, stages run where their modules are and nothing is reserved.
 
+The loop also runs its placement's admission (`placement.schedule()`, kind "admit") when woken
+(`wake`: a request came into the model's line, or memory was let go anywhere), before any other
+work. A call whose room others hold (`RoomLater`, raised by its reservation: a loop that batches
+never waits for room) is put aside, unanswered and still its lease's work, and goes back to the
+front of the line at the next wake.
+
 The loop keeps where its time went (`timings()`: by kind of work, and "idle"); a call names its
 kind when submitted, and work nested in a call (`timing`) is counted under its own kind only.
 """
@@ -36,6 +42,12 @@ from mizuoto.runtime.lease import POLL_S, Lease, within
 log = logging.getLogger("mizuoto.runtime")
 
 JOIN_S = 10.0  # how long close() waits for the loop's current work (a pass or a stage call)
+
+
+class RoomLater(Exception):
+    """A call's memory (`Model.room`) is held by others now: raised on a loop, which never waits for room; the loop
+    puts the call aside, unanswered, and runs it again when memory is let go (`Executor.wake`). Never reaches a
+    request."""
 
 
 class Call:
@@ -88,6 +100,7 @@ class Executor:
         # then, and may take other locks: never under this condition)
         self._ends: list[Lease] = []
         self._admit = False  # the placement's line has something to decide (`wake`): the loop's next unit of work
+        self._aside: list[Call] = []  # calls waiting for room others hold (RoomLater), in the order they came
 
     # -- submitting -------------------------------------------------------------------------------
     def call(self, fn: Callable[[], Any], lease: Lease | None = None, kind: str = "call", *,
@@ -108,9 +121,10 @@ class Executor:
             self.wait_for(job.done, lease, "while waiting for its compute call")
         except RequestCancelled as e:
             with self.cond:
-                if job in self._calls:  # not started: it never runs
-                    self._calls.remove(job)
-                    job.finish(None, e, self._ends)
+                for line in (self._calls, self._aside):
+                    if job in line:  # not started (or put aside for room): it never runs
+                        line.remove(job)
+                        job.finish(None, e, self._ends)
             self._settle_ends()
             raise
         if job.error is not None:
@@ -146,13 +160,13 @@ class Executor:
             self.cond.notify_all()
 
     def pending(self) -> int:
-        """Calls waiting plus the unit of work running now: 0 when the loop is idle.
+        """Calls waiting (in line or put aside for room) plus the unit of work running now: 0 when the loop is idle.
 
         A cancelled request stops waiting at once, but a call of its that had started runs to its end
         here (its working memory is live until then).
         """
         with self.cond:
-            return len(self._calls) + int(self._working)
+            return len(self._calls) + len(self._aside) + int(self._working)
 
     def running_lease(self) -> Lease | None:
         """The lease of the call being run, when asked from the executor's own thread (else None)."""
@@ -257,6 +271,8 @@ class Executor:
         if not self._admit:
             return None
         self._admit = False
+        self._calls.extendleft(reversed(self._aside))  # what waited for room is tried again first, in order
+        self._aside = []
         return ("admit", None) if self.placement is not None else None
 
     def _run(self, kind: str, item: Any) -> None:
@@ -270,6 +286,9 @@ class Executor:
         try:
             with self.timing(item.kind), within(item.lease):  # the request's code sees its lease (lease.current)
                 result = item.fn()
+        except RoomLater:  # its room is held by others now: aside, unanswered, until memory is let go
+            with self.cond:
+                self._aside.append(item)
         except BaseException as e:  # handed to the caller
             item.finish(None, e)
         else:
@@ -286,6 +305,8 @@ class Executor:
         """Everything submitted and not yet taken gets `error` (under the condition)."""
         while self._calls:
             self._calls.popleft().finish(None, error, self._ends)
+        while self._aside:
+            self._aside.pop(0).finish(None, error, self._ends)
 
     def _loop(self) -> None:
         self._prepare()

@@ -48,7 +48,7 @@ import torch
 
 from mizuoto.runtime.engine import AudioChunk, Model, SynthesisRequest
 from mizuoto.errors import InvalidRequest, MemoryBudgetError, RequestCancelled
-from mizuoto.runtime.executor import JOIN_S, Executor
+from mizuoto.runtime.executor import JOIN_S, Executor, RoomLater
 from mizuoto.runtime.lease import POLL_S, Lease, within
 from mizuoto.runtime.memory import Plan, format_bytes
 from mizuoto.runtime.request import ENDING, FINISHED, RUNNING, WAITING, WAITING_FOR_MEMORY, Request, RequestInfo
@@ -141,7 +141,9 @@ class Scheduler:
         With a `budget`, a larger peak waits until it fits beside the other holders' reserves (one
         leaving, or shrinking back after a call of its own), until the lease's end; when every other
         holder waits to grow too, none can give room to another and this one gives way at once
-        (MemoryBudgetError); so it does without `wait` (a call on the model's own compute loop).
+        (MemoryBudgetError). Without `wait` (a call on the model's own compute loop, which never
+        waits) it raises `RoomLater` instead of waiting, and stays marked as growing: the loop puts
+        the call aside and tries it again when something lets go.
         """
         with self._cond:
             me = self._requests.get(lease)
@@ -155,16 +157,22 @@ class Scheduler:
                 rows = [(grown if r is me else r.peak, r.reserve) for r in self._holders()]
                 if budget is None or max(p - r for p, r in rows) + sum(r for _, r in rows) <= budget:
                     return True
-                if not wait or all(r.growing for r in self._holders() if r is not me):
+                if all(r.growing for r in self._holders() if r is not me):
                     raise MemoryBudgetError(
                         f"a stage call needs {format_bytes(grown)} beside the other requests running on this"
                         f" model, which wait for room too; it gives way (retry, or raise the budget)")
+                if not wait:
+                    raise RoomLater(f"{format_bytes(grown)} beside the requests running with it")
                 return False
-            me.growing = True
-            try:
-                lease.wait_for(self._cond, fits, "while waiting for room beside the requests running with it")
-            finally:
-                me.growing = False
+            if budget is not None:  # it may wait to grow (without a budget it only shrinks back)
+                me.growing, aside = True, False
+                try:
+                    lease.wait_for(self._cond, fits, "while waiting for room beside the requests running with it")
+                except RoomLater:
+                    aside = True  # still waiting to grow, put aside on the loop
+                    raise
+                finally:
+                    me.growing = aside
             if me.holds:
                 me.peak = grown
             self._cond.notify_all()
@@ -248,9 +256,9 @@ class Scheduler:
         self.wake()  # the line moved on without it
 
     def wake(self) -> None:
-        """Have the model's loop look at its line (a request came, one let go, or memory was freed somewhere)."""
-        if self._queue:
-            self.executor.wake()
+        """Have the model's loop look at its line and at the work it put aside for room (a request came, one let go,
+        or memory was freed somewhere)."""
+        self.executor.wake()  # unconditional: work put aside just now must not miss a release that came meanwhile
 
     def schedule(self) -> None:
         """Admit waiting requests in arrival order while each fits: the model's loop's admission (its own thread).

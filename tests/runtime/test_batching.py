@@ -148,6 +148,39 @@ def _settle(check, timeout: float = 10.0) -> None:
 
 
 @torch.inference_mode()
+def test_a_sequence_whose_room_others_hold_waits_aside_while_the_batch_steps_on(decoder):
+    """A sequence whose start raises RoomLater (its LM call's room is held by others; Model.decode reserves there) is
+    put aside with its row kept: another sequence runs to its end meanwhile, and at the next wake the first starts
+    from scratch and gives the tokens it gives alone."""
+    from mizuoto.runtime.executor import RoomLater
+
+    batcher = DecodeBatcher(decoder, _head(decoder), WIDTH, contextlib.nullcontext, sampler=None)
+    free, starts = threading.Event(), []
+    alone = list(batcher.run(_greedy(decoder, 4, 5, seed=3, record=[])))
+
+    def reserved(row):
+        starts.append(1)
+        if not free.is_set():
+            raise RoomLater("held by others")
+        return (yield from _greedy(decoder, 4, 5, seed=3, record=[])(row))
+    out: list = []
+    waiter = threading.Thread(target=lambda: out.append(list(batcher.run(reserved, Lease(30)))))
+    try:
+        waiter.start()
+        _settle(lambda: starts == [1])
+        assert len(list(batcher.run(_greedy(decoder, 4, 5, seed=4, record=[])))) == 5  # the batch steps on
+        assert out == [] and starts == [1] and batcher.active == 1  # aside, its row kept, not retried on a timer
+        free.set()
+        batcher.wake()
+        waiter.join(30)
+        assert out == [alone] and len(starts) == 2
+        _settle(lambda: batcher.active == 0)
+    finally:
+        free.set()
+        batcher.close()
+
+
+@torch.inference_mode()
 def test_closing_a_stream_frees_its_row_and_thread(decoder):
     batcher = DecodeBatcher(decoder, _head(decoder), WIDTH, contextlib.nullcontext, sampler=None)
     try:

@@ -119,6 +119,32 @@ def test_a_growing_call_waits_for_the_other_requests_room_and_gives_way_when_all
     assert sched.running == 0 and sched.requests() == []
 
 
+def test_a_growing_call_on_the_compute_loop_is_put_aside_and_gives_way_when_all_others_wait(tone_dir):
+    """Without `wait` (a call on a batch loop, which never waits): A growing to 7 beside B's 4 raises RoomLater and
+    stays marked as growing while its call is aside; B then growing too gives way at once (MemoryBudgetError)."""
+    from mizuoto.runtime.executor import RoomLater
+
+    model = ToneEngine().load(tone_dir, LoadOptions(device="cpu"))
+    model.batch_width = 2
+    sched = Scheduler(model, "cpu")
+    a, b = Lease(5.0), Lease(5.0)
+    entered, release = threading.Semaphore(0), threading.Event()
+    holders = [threading.Thread(target=_holding, args=(sched, lease, 4, 4, entered, release)) for lease in (a, b)]
+    for t in holders:
+        t.start()
+        assert entered.acquire(timeout=10)
+    with pytest.raises(RoomLater):
+        sched.resize(a, 7, budget=10, wait=False)
+    assert sched._requests[a].growing and sched._requests[a].peak == 4
+    with pytest.raises(MemoryBudgetError, match="gives way"):
+        sched.resize(b, 7, budget=10, wait=False)
+    assert not sched._requests[b].growing
+    release.set()
+    for t in holders:
+        t.join(10)
+    sched.close()
+
+
 def test_a_growing_call_ends_with_its_lease(tone_dir):
     model = ToneEngine().load(tone_dir, LoadOptions(device="cpu"))
     model.batch_width = 2
@@ -139,8 +165,8 @@ def test_a_growing_call_ends_with_its_lease(tone_dir):
 
 
 def test_a_reservation_inside_one_it_fits_in_adds_nothing_and_two_stages_reserve_together(tone_dir):
-    """A batched model's call is reserved in the request's thread, then entered again on its compute loop:
-    the inner one is covered and never waits; reservations of two stages at once count both."""
+    """A chunk call reserves its nested stages' calls as it starts, then each nested call enters its own: the inner
+    one is covered and never waits; reservations of two stages at once count both."""
     with Runtime(engines=[ToneEngine], plugins=False) as rt:
         name = rt.load(tone_dir)
         loaded = rt._get(name)

@@ -8,7 +8,7 @@ import pytest
 
 from mizuoto.errors import MizuotoError, RequestCancelled
 from mizuoto.runtime import executor as module
-from mizuoto.runtime.executor import Executor
+from mizuoto.runtime.executor import Executor, RoomLater
 from mizuoto.runtime.lease import Lease
 from mizuoto.testing.waits import cancel_during
 
@@ -44,6 +44,39 @@ def test_a_cancel_takes_a_queued_call_out_of_line_within_a_second():
         holder.join(10)
     assert ex.call(lambda: "next") == "next" and ran == []  # the cancelled call never ran
     ex.close()
+
+
+def test_a_call_whose_room_others_hold_waits_aside_until_a_wake_and_a_cancel_takes_it_out():
+    """A call raising RoomLater (its memory held by others: the loop never waits for room) is put aside unanswered,
+    other calls run meanwhile, and it runs again at the next wake; a cancel takes one aside out within a second."""
+    ex = Executor("m")
+    free, tries, results = threading.Event(), [], []
+
+    def needs_room():
+        tries.append(1)
+        if not free.is_set():
+            raise RoomLater("held by others")
+        return "ran"
+    waiter = threading.Thread(target=lambda: results.append(ex.call(needs_room, Lease(30))))
+    waiter.start()
+    try:
+        end = time.monotonic() + 10
+        while not tries and time.monotonic() < end:
+            time.sleep(0.01)
+        assert ex.call(lambda: "other") == "other"  # the loop goes on meanwhile
+        time.sleep(0.2)
+        assert tries == [1] and results == [] and ex.pending() == 1  # aside: not tried again on a timer
+        free.set()
+        ex.wake()  # memory was let go somewhere
+        waiter.join(10)
+        assert results == ["ran"] and len(tries) == 2 and ex.pending() == 0
+        free.clear()
+        lease = Lease()
+        error, took = cancel_during(lambda: ex.call(needs_room, lease), lease, lambda: ex.pending() == 1)
+        assert isinstance(error, RequestCancelled) and took < 1.0 and ex.pending() == 0
+    finally:
+        free.set()
+        ex.close()
 
 
 def test_a_call_sees_its_own_lease_on_the_thread():
