@@ -293,7 +293,7 @@ class MemoryManager:
             yield
             return
 
-        def let_go() -> None:
+        def let_go(ran: bool = True) -> None:
             with self._cond:
                 if previous is None:
                     held.pop(stage, None)
@@ -311,12 +311,13 @@ class MemoryManager:
                 pass
             except MizuotoError as e:  # smaller than what was just admitted: only an unload beside it gets here
                 log.warning("%s: the request's plan after its %s call: %s", loaded.name, stage, e)
-            self.freed()  # the call's room is free again
+            if ran:  # a call that never ran frees nothing anyone waited for (and a wake would retry it at once)
+                self.freed()  # the call's room is free again
         try:
             on_loop = loaded.model.batch_width > 1 and loaded.scheduler.executor.running_lease() is not None
             self._admit_held(loaded, self._call_plan(loaded, base, held, stage, sizes), lease, aside=on_loop)
         except BaseException:
-            let_go()  # nothing ran: what was reserved for it goes back now
+            let_go(ran=False)  # nothing ran: what was reserved for it goes back now
             raise
         try:
             yield

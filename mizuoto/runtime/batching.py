@@ -272,7 +272,7 @@ class DecodeBatcher(Executor):
             for p in item:
                 self._answer(p.row, error)
 
-    def _work(self, waited: bool) -> tuple[str, Any] | None:
+    def _work(self) -> tuple[str, Any] | None:
         """What to run next (under the condition), the loop's policy (docs/performance.md, "Batching"):
 
         0. the model's line, when something came or let go: the scheduler admits new requests

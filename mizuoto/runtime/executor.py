@@ -254,12 +254,8 @@ class Executor:
     def _prepare(self) -> None:
         """Run once on the thread before its first work."""
 
-    def _idle_timeout(self) -> float | None:
-        """How long the loop sleeps with no work (under the condition); None: until notified."""
-        return None
-
-    def _work(self, waited: bool) -> tuple[str, Any] | None:
-        """What to run next (under the condition); `waited`: the last sleep timed out."""
+    def _work(self) -> tuple[str, Any] | None:
+        """What to run next (under the condition); None: the loop sleeps until notified."""
         admit = self._admission()
         if admit is not None:
             return admit
@@ -314,10 +310,9 @@ class Executor:
             work = None
             try:
                 with self.cond:
-                    waited = False
-                    while not self.closed and (work := self._work(waited)) is None:
-                        timeout, idle = self._idle_timeout(), time.perf_counter()
-                        waited = not self.cond.wait(timeout) and timeout is not None
+                    while not self.closed and (work := self._work()) is None:
+                        idle = time.perf_counter()
+                        self.cond.wait()
                         self._seconds["idle"] += time.perf_counter() - idle
                     if self.closed:
                         return

@@ -173,10 +173,12 @@ class Scheduler:
                     raise
                 finally:
                     me.growing = aside
+            shrunk = me.holds and grown < me.peak
             if me.holds:
                 me.peak = grown
             self._cond.notify_all()
-        self.wake()  # a smaller peak may let the first in line join
+        if shrunk and self._queue:
+            self.wake()  # a smaller peak may let the first in line join
 
     @contextlib.contextmanager
     def hold(self, lease: Lease, name: str = "model", reserve: int = 0, peak: int = 0,

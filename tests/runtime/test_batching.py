@@ -330,11 +330,11 @@ def test_an_error_in_the_loop_itself_reaches_every_waiter_and_the_loop_goes_on(d
         original = batcher._work
         armed = threading.Event()
 
-        def work(waited):
+        def work():
             if armed.is_set() and any(r is not None and r.state == "pending" for r in batcher.rows):
                 armed.clear()
                 raise RuntimeError("a bug in the loop")
-            return original(waited)
+            return original()
         monkeypatch.setattr(batcher, "_work", work)
         outcomes: list = []
 

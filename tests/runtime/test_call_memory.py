@@ -5,6 +5,7 @@ the same admission (evicting idle models, waiting for room others hold), and giv
 """
 
 import threading
+import time
 from dataclasses import replace
 
 import pytest
@@ -211,3 +212,43 @@ def test_giving_a_calls_room_back_never_evicts_a_model(tone_dir, tmp_path, monke
         assert len(mine) >= 3  # the turn, the render call's room, its release
         assert idle not in mine[0] and idle in mine[-1], "the release could evict the idle model"
         assert {m.name for m in rt.models()} == {name, idle}
+
+
+def test_a_batched_calls_room_held_by_another_model_waits_aside_while_the_batch_loop_goes_on(tone_dir, tmp_path):
+    """Toy LM at width 2 beside the tone model, whose lease pins it: a request's render call needs room only the
+    tone model's eviction would give. The call waits aside on the batch loop (it never waits there), which
+    meanwhile runs other work; when the lease lets go the call runs (the tone model evicted) and the request ends."""
+    from mizuoto.testing.toy_lm import ToyLMEngine
+    from mizuoto.testing.toy_lm import write_model as write_lm
+
+    big = 64 << 20
+    request = SynthesisRequest("Hello there.", voice="low", seed=1)
+    with Runtime(engines=[ToneEngine, ToyLMEngine], plugins=False, voices=False) as probe:
+        x = probe.load(write_lm(tmp_path / "toylm"), compute={"batch": 2})
+        plan = probe.memory.plan_for(probe._get(x), request)
+        stages = [replace(s, working=big) if s.name == "render" else s for s in plan.stages]
+        with_call = plan_model(x, stages, plan.budget, plan.device, plan.stream).peak
+        beside = probe.plan(probe.load(tone_dir)).peak
+    assert plan.peak + beside <= with_call < with_call + beside
+    with Runtime(ram=with_call, engines=[ToneEngine, ToyLMEngine], plugins=False, voices=False) as rt:
+        y = rt.load(tone_dir)
+        x = rt.load(tmp_path / "toylm", compute={"batch": 2})
+        model = rt.model(x)
+        model.stages = tuple(replace(s, call_memory=lambda notes, samples: big) if s.name == "render" else s
+                             for s in model.stages)
+        holding = Lease()
+        assert rt.pin(y, holding)
+        done: list = []
+        t = threading.Thread(target=lambda: done.append(list(rt.synthesize(x, request))))
+        t.start()
+        loop = rt._get(x).scheduler.executor
+        end = time.monotonic() + 30
+        while not loop._aside and time.monotonic() < end:
+            time.sleep(0.01)
+        assert loop._aside and not done  # its render call waits aside, unanswered
+        assert loop.call(lambda: threading.current_thread().name, Lease(5.0)) == loop._thread.name  # loop goes on
+        assert [m.name for m in rt.models()] == [y, x]
+        holding.release()
+        t.join(30)
+        assert not t.is_alive() and done and done[0]
+        assert [m.name for m in rt.models()] == [x]  # the tone model was evicted for the call
