@@ -1,4 +1,4 @@
-"""Qwen2 byte-level BPE (CosyVoice-BlankEN vocab.json + merges.txt) with CosyVoice's added tokens.
+"""Qwen2 byte-level BPE (vocab.json + merges.txt), with CosyVoice's added tokens or only the directory's own.
 
 Upstream (`get_qwen_tokenizer`) loads the directory with `AutoTokenizer` (the fast tokenizer
 converted from Qwen2Tokenizer: NFC normalizer, Qwen2 split pattern, byte-level BPE from the
@@ -51,7 +51,8 @@ _COSYVOICE3_SPECIALS = (
     + tuple(f"[{p}]" for p in _PINYIN.split())
 )
 
-VERSIONS = {"cosyvoice2": _COSYVOICE2_SPECIALS, "cosyvoice3": _COSYVOICE3_SPECIALS}
+# "qwen2": the directory's own added tokens only (tokenizer_config.json), as a plain Qwen2 tokenizer loads them
+VERSIONS = {"cosyvoice2": _COSYVOICE2_SPECIALS, "cosyvoice3": _COSYVOICE3_SPECIALS, "qwen2": ()}
 
 
 def _nfc(text: str) -> str:
