@@ -364,3 +364,70 @@ def tree_comparison(tree: str) -> Comparison:
     full = recording_for_this_cpu()
     return Comparison(full.cpu, None, full.cpu in recorded_on(fixtures_root() / tree), full.bounds, full.relative,
                       what=f"{tree}/ fixtures")
+
+
+# -- whole-record trees (the plugins'): per-class re-recordings of every case -------------------------------------
+class RecordTree:
+    """A plugin's tree of whole records, `cases/<case>/<record>`, and its per-class re-recordings.
+
+    Re-recordings sit in `<root>/cpu/<folder>/cases/<case>/` (and in the `extra` places, each a
+    folder of `<folder>/` class recordings), each folder naming its class (`folder_class`). A case
+    is compared with the record of this machine's class where one exists, else with the tree's
+    own within the spread upstream shows between the recorded classes (`measured_bounds`).
+    """
+
+    def __init__(self, root: Path, record: str = "record.safetensors", what: str = "the cases",
+                 extra: Iterable[Path] = ()) -> None:
+        self.root, self.record, self.what, self.extra = Path(root), record, what, tuple(extra)
+
+    def class_folders(self) -> list[Path]:
+        """The tree's per-class re-recordings (`cpu/<folder>` and the `extra` places)."""
+        places = [self.root / CPU_FOLDER, *self.extra]
+        return sorted(p for place in places if place.is_dir() for p in place.iterdir() if (p / "cases").is_dir())
+
+    @functools.cached_property
+    def classes(self) -> tuple[dict[CpuClass, Path], dict[str, float], dict[str, float]]:
+        """Class -> its folder; per tensor kind, the largest difference between any two recorded classes
+        (absolute, and relative to the tensor's largest magnitude)."""
+        from safetensors.torch import load_file
+
+        folders: dict[CpuClass, Path] = {}
+        bounds: dict[str, float] = {}
+        relative: dict[str, float] = {}
+        for folder in self.class_folders():
+            named = folder_class(folder, [json.loads(p.read_text(encoding="utf-8"))
+                                          for p in folder.glob("cases/*/case.json")])
+            if named in folders:
+                raise AssertionError(f"{folder} and {folders[named]} both record class {named}")
+            folders[named] = folder
+            for record in sorted(folder.glob(f"cases/*/{self.record}")):
+                own = self.root / "cases" / record.parent.name / self.record
+                if own.is_file():
+                    base, other = load_file(str(own)), load_file(str(record))
+                    bounds = merge_bounds(bounds, measured_bounds(base, other))
+                    relative = merge_bounds(relative, measured_bounds(base, other, relative=True))
+        return folders, bounds, relative
+
+    def comparison(self, case: str) -> Comparison:
+        """How `case` is compared on this machine's CPU class."""
+        cpu = this_class()
+        folders, bounds, relative = self.classes
+        folder = folders.get(cpu)
+        if folder is not None and (folder / "cases" / case / self.record).is_file():
+            return Comparison(cpu, folder, True, bounds, relative, what=self.what)
+        return Comparison(cpu, None, cpu in recorded_on(self.root), bounds, relative, what=self.what)
+
+    def record_path(self, case: str) -> Path:
+        """The record `case` is compared with here: this CPU class's where the tree has one."""
+        folder = self.comparison(case).folder
+        return (folder if folder is not None else self.root) / "cases" / case / self.record
+
+    def describe(self, cases: list[str]) -> str:
+        """One line for the test report: this CPU's class and what the cases were compared with."""
+        if not cases:
+            return f"no {self.what}"
+        exact = [c for c in cases if self.comparison(c).exact]
+        line = self.comparison(cases[0]).describe()
+        if len(exact) not in (0, len(cases)):
+            line += f" ({len(exact)} of {len(cases)} cases recorded on this class; the rest as unrecorded)"
+        return line

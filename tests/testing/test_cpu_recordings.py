@@ -183,3 +183,31 @@ def test_a_log_spectrum_is_compared_as_energies_where_unrecorded(tree):
         rec.assert_equal(torch.tensor([1e-5, -20.0]), theirs, "seg.0.flow.0.mel", "loud band", log=True)
     with pytest.raises(AssertionError):  # where recorded, torch.equal still
         recording_for(tree, CpuClass("amd", "avx2")).assert_equal(quiet_moved, theirs, "seg.0.flow.0.mel", "", log=True)
+
+
+def test_a_whole_record_tree_compares_each_class_with_its_own_record_or_the_measured_spread(tmp_path, monkeypatch):
+    """A plugin's tree (`RecordTree`): its own record holds for cpu.json's classes, a `cpu/<folder>` re-recording
+    for the class it names (torch.equal there); any other class is compared within the spread between them."""
+    from mizuoto.testing import cpu_recordings
+    from mizuoto.testing.cpu_recordings import RecordTree
+
+    own = tmp_path / "cases" / "c"
+    own.mkdir(parents=True)
+    save_file({"wav": torch.ones(4), "codes": torch.tensor([1, 2])}, str(own / "record.safetensors"))
+    (tmp_path / "cpu.json").write_text(json.dumps({"recorded_on": ["intel-amx"]}))
+    other = tmp_path / "cpu" / "intel-avx2" / "cases" / "c"
+    other.mkdir(parents=True)
+    save_file({"wav": torch.tensor([1.0, 1.0, 1.0 + 2**-10, 1.0]), "codes": torch.tensor([1, 2])},
+              str(other / "record.safetensors"))
+    (other / "case.json").write_text(json.dumps({"cpu_class": "intel-avx2"}))
+    tree = RecordTree(tmp_path, what="toy cases")
+    for name, folder, exact in (("intel-amx", None, True), ("intel-avx2", other.parents[1], True),
+                                ("amd-avx2", None, False)):
+        monkeypatch.setattr(cpu_recordings, "this_class", lambda n=name: CpuClass.parse(n))
+        found = tree.comparison("c")
+        assert (found.folder, found.exact) == (folder, exact), name
+        assert tree.record_path("c") == (folder or tmp_path) / "cases" / "c" / "record.safetensors"
+    assert found.bound("wav") == 2**-10 and "NOT checkable" in tree.describe(["c"])
+    found.assert_equal(torch.full((4,), 1 + 2**-11), torch.ones(4), "wav", "within the spread")
+    with pytest.raises(AssertionError, match="not torch.equal"):
+        found.assert_equal(torch.tensor([1, 3]), torch.tensor([1, 2]), "codes", "integers never differ by class")

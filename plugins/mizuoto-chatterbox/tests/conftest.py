@@ -22,36 +22,14 @@ ROOT = Path(os.environ.get("MIZUOTO_CHATTERBOX_FIXTURES", DEFAULT_ROOT))
 RECORD = "record.safetensors"
 
 
-def class_folders() -> list[Path]:
-    """The tree's per-class re-recordings (`cpu/<folder>`), the shared ones too for the default tree."""
-    from mizuoto.testing.cpu_recordings import CPU_FOLDER
+@functools.cache
+def tree():
+    """The tree and its per-class re-recordings (the shared fixtures' `chatterbox/cpu/` too for the default tree)."""
+    from mizuoto.testing.cpu_recordings import CPU_FOLDER, RecordTree
     from mizuoto.testing.fixtures import fixtures_root
 
-    places = [ROOT / CPU_FOLDER]
-    if ROOT.resolve() == DEFAULT_ROOT.resolve():
-        places.append(fixtures_root() / "chatterbox" / CPU_FOLDER)
-    return sorted(p for place in places if place.is_dir() for p in place.iterdir() if (p / "cases").is_dir())
-
-
-@functools.cache
-def _classes() -> dict:
-    """Class -> its folder; and, per tensor key, the largest difference between any two recorded classes."""
-    from mizuoto.testing.cpu_recordings import folder_class, measured_bounds, merge_bounds
-
-    folders, bounds, relative = {}, {}, {}
-    for folder in class_folders():
-        named = folder_class(folder, [json.loads(p.read_text(encoding="utf-8"))
-                                      for p in folder.glob("cases/*/case.json")])
-        if named in folders:
-            raise AssertionError(f"{folder} and {folders[named]} both record class {named}")
-        folders[named] = folder
-        for record in sorted(folder.glob(f"cases/*/{RECORD}")):
-            own = ROOT / "cases" / record.parent.name / RECORD
-            if own.is_file():
-                base, other = load_file(str(own)), load_file(str(record))
-                bounds = merge_bounds(bounds, measured_bounds(base, other))
-                relative = merge_bounds(relative, measured_bounds(base, other, relative=True))
-    return {"folders": folders, "bounds": bounds, "relative": relative}
+    extra = [fixtures_root() / "chatterbox" / CPU_FOLDER] if ROOT.resolve() == DEFAULT_ROOT.resolve() else []
+    return RecordTree(ROOT, RECORD, "Chatterbox cases", extra)
 
 
 @dataclass(frozen=True)
@@ -75,19 +53,11 @@ class Case:
     @property
     def cpu(self):
         """How this case is compared on this machine's CPU class (`cpu_recordings.Comparison`)."""
-        from mizuoto.testing.cpu_recordings import Comparison, recorded_on, this_class
-
-        cpu, found = this_class(), _classes()
-        folder = found["folders"].get(cpu)
-        if folder is not None and (folder / "cases" / self.name / RECORD).is_file():
-            return Comparison(cpu, folder, True, found["bounds"], found["relative"], what="Chatterbox cases")
-        return Comparison(cpu, None, cpu in recorded_on(ROOT), found["bounds"], found["relative"],
-                          what="Chatterbox cases")
+        return tree().comparison(self.name)
 
     def tensors(self) -> dict:
         """The case's recorded tensors: this CPU class's record where the tree has one."""
-        folder = self.cpu.folder
-        return load_file(str((folder / "cases" / self.name if folder else self.path) / RECORD))
+        return load_file(str(tree().record_path(self.name)))
 
     def assert_equal(self, ours, key: str, what: str = "") -> None:
         """`ours` equals the record's `key` (torch.equal, or on an unrecorded class within upstream's spread)."""
@@ -143,9 +113,4 @@ def _threads():
 
 def pytest_terminal_summary(terminalreporter):
     """Name this CPU's class and what the Chatterbox cases were compared with."""
-    found = cases()
-    exact = [c for c in found if c.cpu.exact]
-    line = found[0].cpu.describe() if found else "no Chatterbox cases"
-    if found and len(exact) not in (0, len(found)):
-        line += f" ({len(exact)} of {len(found)} cases recorded on this class; the rest as unrecorded)"
-    terminalreporter.write_line(line)
+    terminalreporter.write_line(tree().describe([c.name for c in cases()]))
