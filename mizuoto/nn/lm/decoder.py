@@ -1,4 +1,4 @@
-"""One decoder-only LM in three configurations: Qwen2, Llama (with llama3 RoPE scaling) and GPT-2.
+"""One decoder-only LM in four configurations: Qwen2, Qwen3, Llama (with llama3 RoPE scaling) and GPT-2.
 
 Each computes what its transformers model computes on the SDPA path (Qwen2 as 4.51, the version
 CosyVoice's upstream pins), because sampled tokens depend on the last bit:
@@ -6,7 +6,8 @@ CosyVoice's upstream pins), because sampled tokens depend on the last bit:
   to it as transformers' `_compute_llama3_parameters` does); angles by a float32 matmul of
   inv_freq and the positions; cos/sin of the concatenated angles, cast to the activations' dtype.
   GPT-2: a learned position embedding added to the inputs.
-- Norms: RMSNorm (variance in float32, then `weight * normed.to(input_dtype)`), or LayerNorm (GPT-2).
+- Norms: RMSNorm (variance in float32, then `weight * normed.to(input_dtype)`), or LayerNorm (GPT-2);
+  Qwen3 also RMS-normalizes each head's q and k (`q_norm`, `k_norm`, over head_dim) before RoPE.
 - Projections: `nn.Linear` (Qwen2: q/k/v biased; Llama: `attention_bias`, `mlp_bias`); GPT-2's
   `Conv1D` keeps its (in, out) weights and multiplies with `addmm`, its q/k/v fused in one
   product as upstream does (transposed into `nn.Linear` the GEMM reads another operand layout).
@@ -40,7 +41,7 @@ from torch import nn
 from mizuoto.errors import ModelLoadError
 from mizuoto.nn.lm.kv_cache import DynamicKVCache, KVCache, StaticKVCache
 
-ARCHS = ("qwen2", "llama", "gpt2")
+ARCHS = ("qwen2", "qwen3", "llama", "gpt2")
 LLAMA3_SCALING = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
@@ -65,6 +66,7 @@ class DecoderConfig:
     qkv_bias: bool = True
     o_bias: bool = False
     mlp_bias: bool = False
+    qk_norm: bool = False  # Qwen3: each head's q and k RMS-normalized before RoPE
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
@@ -86,14 +88,14 @@ class DecoderConfig:
         try:
             if kind == "gpt2":
                 return cls._gpt2(cfg, where)
-            if kind not in ("qwen2", "llama"):
+            if kind not in ("qwen2", "qwen3", "llama"):
                 raise ModelLoadError(f"{where}: model_type {kind!r} is not one of {', '.join(ARCHS)}")
             if cfg.get("hidden_act", "silu") != "silu":
                 raise ModelLoadError(f"{where}: hidden_act {cfg['hidden_act']!r} is not supported (only silu)")
             if cfg.get("use_sliding_window", False):
                 raise ModelLoadError(f"{where}: use_sliding_window is not supported")
-            llama = kind == "llama"
-            bias = bool(cfg.get("attention_bias", False))
+            llama, qwen3 = kind == "llama", kind == "qwen3"
+            bias = bool(cfg.get("attention_bias", False))  # Llama's and Qwen3's (Qwen2's q/k/v are always biased)
             return cls(
                 hidden_size=int(cfg["hidden_size"]),
                 intermediate_size=int(cfg["intermediate_size"]),
@@ -107,9 +109,10 @@ class DecoderConfig:
                 rope_scaling=_rope_scaling(cfg.get("rope_scaling"), kind, where),
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 head_dim=int(cfg.get("head_dim") or 0),
-                qkv_bias=bias if llama else True,
-                o_bias=bias if llama else False,
+                qkv_bias=bias if llama or qwen3 else True,
+                o_bias=bias if llama or qwen3 else False,
                 mlp_bias=bool(cfg.get("mlp_bias", False)) if llama else False,
+                qk_norm=qwen3,
             )
         except KeyError as exc:
             raise ModelLoadError(f"{where}: missing {exc.args[0]!r}") from None
@@ -288,6 +291,8 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, kv * d, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(cfg.hidden_size, kv * d, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(h * d, cfg.hidden_size, bias=cfg.o_bias)
+        self.q_norm = RMSNorm(d, cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(d, cfg.norm_eps) if cfg.qk_norm else None
 
     def project(self, x: torch.Tensor, cos: torch.Tensor | None,
                 sin: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -296,8 +301,10 @@ class Attention(nn.Module):
         if self.fused:
             q, k, v = (t.view(shape).transpose(1, 2) for t in self.qkv_proj(x).chunk(3, dim=-1))
         else:
-            q = self.q_proj(x).view(shape).transpose(1, 2)
-            k = self.k_proj(x).view(shape).transpose(1, 2)
+            q, k = self.q_proj(x).view(shape), self.k_proj(x).view(shape)
+            if self.q_norm is not None:  # Qwen3: per head, over head_dim, before the heads move forward
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = q.transpose(1, 2), k.transpose(1, 2)
             v = self.v_proj(x).view(shape).transpose(1, 2)
         if cos is None:
             return q, k, v
@@ -324,7 +331,7 @@ class Layer(nn.Module):
 
 
 class Decoder(nn.Module):
-    """Qwen2Model / LlamaModel / GPT2Model (+ the tied output head): embeddings, layers, final norm."""
+    """Qwen2Model / Qwen3Model / LlamaModel / GPT2Model (+ the tied output head): embeddings, layers, final norm."""
 
     def __init__(self, cfg: DecoderConfig) -> None:
         super().__init__()
@@ -343,7 +350,7 @@ class Decoder(nn.Module):
     def upstream_keys(self, prefix: str = "") -> dict[str, str]:
         """Each state_dict key of this decoder -> its name in the transformers model (under `prefix`).
 
-        Qwen2 and Llama use these very names. GPT2Model's are renamed; its Conv1D weights keep
+        Qwen2, Qwen3 and Llama use these very names. GPT2Model's are renamed; its Conv1D weights keep
         their (in, out) layout (`Conv1D`), so nothing is transposed.
         """
         own = [k for k in self.state_dict() if not k.startswith("lm_head.")]

@@ -164,13 +164,35 @@ LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 96, "num
                           "original_max_position_embeddings": 8192, "rope_type": "llama3"}}
 GPT2 = {"model_type": "gpt2", "n_embd": 48, "n_layer": 2, "n_head": 4, "n_positions": 64, "vocab_size": 30,
         "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5}
-KINDS = {"qwen2": None, "llama": LLAMA, "gpt2": GPT2}
+QWEN3 = {"model_type": "qwen3", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 12, "rms_norm_eps": 1e-6,
+         "rope_theta": 1000000.0, "attention_bias": False, "tie_word_embeddings": False}
+KINDS = {"qwen2": None, "qwen3": QWEN3, "llama": LLAMA, "gpt2": GPT2}
 
 
 def _config(kind: str) -> DecoderConfig:
     if KINDS[kind] is None:
         return _small(_fixture_configs()[0])
     return DecoderConfig.from_dict(KINDS[kind])
+
+
+def test_qwen3_normalizes_each_heads_q_and_k_before_rope():
+    """Qwen3: no q/k/v biases unless attention_bias, and a q_norm / k_norm over head_dim (head_dim given, here
+    not hidden / heads) whose weights change the attention."""
+    cfg = DecoderConfig.from_dict(QWEN3)
+    assert (cfg.arch, cfg.qk_norm, cfg.qkv_bias, cfg.o_bias, cfg.head_dim) == ("qwen3", True, False, False, 16)
+    assert DecoderConfig.from_dict(dict(QWEN3, attention_bias=True)).qkv_bias
+    model = _random_decoder(cfg, seed=3)
+    attn = model.layers[0].self_attn
+    assert attn.q_proj.bias is None and attn.q_norm.weight.shape == (16,) and attn.k_norm.weight.shape == (16,)
+    assert {"layers.0.self_attn.q_norm.weight", "layers.0.self_attn.k_norm.weight"} <= set(model.upstream_keys())
+    x = torch.randn(1, 5, cfg.hidden_size, generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        before = model(x, model.new_cache())
+        attn.k_norm.weight.mul_(2.0)
+        after = model(x, model.new_cache())
+    assert not torch.equal(before, after)
+    assert not _small(_fixture_configs()[0]).qk_norm  # Qwen2 has none
 
 
 def test_llama_config_reads_biases_and_llama3_scaling():
