@@ -87,3 +87,9 @@ def _threads():
 def pytest_terminal_summary(terminalreporter):
     """Name this CPU's class and what the Qwen3-TTS cases were compared with."""
     terminalreporter.write_line(tree().describe([c.name for c in cases()]))
+
+
+@pytest.fixture
+def any_case() -> Case:
+    """One case of the tree (its model dir is what a test derives a broken copy from)."""
+    return cases()[0]
