@@ -7,6 +7,9 @@ project's own:
     /work/qwref/bin/python plugins/mizuoto-qwen3tts/tests/reference/record.py record [CASE...]
     /work/qwref/bin/python plugins/mizuoto-qwen3tts/tests/reference/record.py all
     /work/qwref/bin/python plugins/mizuoto-qwen3tts/tests/reference/record.py verify [CASE...]
+    /work/qwref/bin/python plugins/mizuoto-qwen3tts/tests/reference/record.py record --cap avx2 [CASE...]
+    /work/qwref/bin/python plugins/mizuoto-qwen3tts/tests/reference/record.py verify --cap avx2 [CASE...]
+    /work/qwref/bin/python plugins/mizuoto-qwen3tts/tests/reference/record.py diff
 
 `build` writes the model dirs under tests/fixtures/models/ (upstream's released file layout,
 configs from upstream's own config classes at reduced sizes, random seeded weights in upstream's
@@ -18,6 +21,15 @@ tests/fixtures/cases/<case>/{case.json,record.safetensors}. `all` is build + rec
 reruns each case with no observer installed and checks its waveform equals the recorded one, then
 records every case again into a temporary tree and checks each tensor is `torch.equal` (same dtype)
 to the committed one.
+
+CPU classes (`mizuoto.testing.cpu_recordings`, imported from this repository): `record` and `verify`
+work on the recording of the class the run counts as. That is the tree's own `cases/` when the class
+is one of `fixtures/cpu.json`'s `recorded_on`, else `fixtures/cpu/<class>/cases/<case>/` (case.json
+then also names `cpu_class`, the machine's `cpu` and the `isa_caps` in force). `--cap avx2` /
+`--cap avx512` runs as that narrower class on a wider CPU (`ISA_CAPS`: torch's own kernels, MKL and
+oneDNN capped together). A class recording must keep every integer tensor and every case.json field
+of the tree's own, and is stored only when some float tensor differs from it. `diff` prints, per
+key, the largest differences between the tree's own recording and each class folder.
 
 What is patched, and why, is listed in README.md; in short: empty placeholder modules for `sox`,
 `onnxruntime` and `torchaudio` (imported at module level by the unused 25 Hz tokenizer only),
@@ -46,6 +58,7 @@ FIXTURES = HERE.parent / "fixtures"
 MODELS = FIXTURES / "models"
 CLIPS = FIXTURES / "clips"
 CASES = FIXTURES / "cases"
+REPO = HERE.parents[3]  # the repository root: mizuoto.testing.cpu_recordings names the CPU classes
 UPSTREAM = "qwen-tts==0.1.1"
 THREADS = 2
 FROM_PRETRAINED = {"device_map": "cpu", "dtype": "float32"}  # torch.float32; attn_implementation left to transformers
@@ -55,9 +68,14 @@ FROM_PRETRAINED = {"device_map": "cpu", "dtype": "float32"}  # torch.float32; at
 _SHIM_ENV = "MIZUOTO_QWEN_MKL_SHIM"
 
 
-def _reexec_with_mkl_shim() -> None:
-    """Re-run this process with MKL forced onto its Intel kernels (as the project's tests are)."""
-    if os.environ.get(_SHIM_ENV):
+def _reexec_with_mkl_shim(caps: dict[str, str] | None = None) -> None:
+    """Re-run this process with MKL forced onto its Intel kernels (as the project's tests are).
+
+    `caps`: environment variables the new process gets as well (an ISA cap, `ISA_CAPS`); they must be
+    in place before torch, MKL and oneDNN are loaded, hence here.
+    """
+    caps = caps or {}
+    if os.environ.get(_SHIM_ENV) and all(os.environ.get(k) == v for k, v in caps.items()):
         return
     folder = Path(tempfile.gettempdir()) / "mizuoto-qwen-mkl-shim"
     lib = folder / "libmkl_intel_shim.so"
@@ -72,9 +90,76 @@ def _reexec_with_mkl_shim() -> None:
         subprocess.run([cc, "-shared", "-fPIC", "-o", str(tmp), str(src)], check=True)
         os.replace(tmp, lib)
     env = dict(os.environ)
+    env.update(caps)
+    if not env.get(_SHIM_ENV):
+        env["LD_PRELOAD"] = f"{lib}:{env['LD_PRELOAD']}" if env.get("LD_PRELOAD") else str(lib)
     env[_SHIM_ENV] = "1"
-    env["LD_PRELOAD"] = f"{lib}:{env['LD_PRELOAD']}" if env.get("LD_PRELOAD") else str(lib)
     os.execve(sys.executable, [sys.executable, *sys.argv], env)
+
+
+# --------------------------------------------------------------------------- CPU classes
+
+# `--cap <isa>`: run as that narrower class on a wider CPU. Each caps the three places where the
+# kernels are chosen, to the same ISA: torch's own vectorised kernels (ATEN_CPU_CAPABILITY), MKL's
+# sgemm / FFT dispatch (MKL_ENABLE_INSTRUCTIONS) and oneDNN's convolutions (ONEDNN_MAX_CPU_ISA).
+# cpu_recordings._capped_isa reads the same variables, so the project's test suite run with them
+# counts as the same class. "avx512" is AVX-512 without AMX (and without AVX10 / FP16 / BF16 /
+# VNNI extensions: MKL's and oneDNN's plain AVX-512 paths); torch's capability has no wider level.
+ISA_CAPS = {
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+    "avx512": {"ATEN_CPU_CAPABILITY": "avx512", "MKL_ENABLE_INSTRUCTIONS": "AVX512",
+               "ONEDNN_MAX_CPU_ISA": "AVX512_CORE"},
+}
+CAP_VARS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")
+# case.json fields a class recording adds to the tree's own (everything else must be equal)
+CLASS_FIELDS = ("cpu_class", "cpu", "isa_caps", "torch_cpu_capability")
+MACHINE_FIELDS = ("cpu",)  # describe the machine, not the class: `verify` on another machine ignores them
+
+
+def _cpu_recordings():
+    """The project's CPU-class module (plain Python + torch; importable from the reference environment)."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from mizuoto.testing import cpu_recordings
+
+    return cpu_recordings
+
+
+def _machine() -> str:
+    """This CPU as a recording's `cpu` field names it: model name, then its avx512* / amx* flags."""
+    cr = _cpu_recordings()
+    try:
+        fields = cr.read_cpuinfo(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        fields = {}
+    flags = [f for f in fields.get("flags", "").split() if cr._FLAG.fullmatch(f)]
+    model = fields.get("model name", "unknown CPU")
+    return f"{model} ({' '.join(flags)})" if flags else model
+
+
+def class_target():
+    """(class, its cases folder, whether that is the tree's own recording) for the class this run counts as."""
+    cr = _cpu_recordings()
+    cpu = cr.this_class()
+    if cpu in cr.recorded_on(FIXTURES):
+        return cpu, CASES, True
+    for folder in sorted(p for p in (FIXTURES / cr.CPU_FOLDER).glob("*") if (p / "cases").is_dir()):
+        metas = [json.loads(m.read_text(encoding="utf-8")) for m in folder.glob("cases/*/case.json")]
+        if cr.folder_class(folder, metas) == cpu:
+            return cpu, folder / "cases", False
+    return cpu, FIXTURES / cr.CPU_FOLDER / cpu.name / "cases", False
+
+
+def class_fields(cpu) -> dict:
+    """What a class recording's case.json says about its CPU (`folder_class` reads `cpu_class`)."""
+    import torch
+
+    return {
+        "cpu_class": cpu.name,
+        "cpu": _machine(),
+        "isa_caps": {k: os.environ[k] for k in CAP_VARS if os.environ.get(k)},
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    }
 
 
 # --------------------------------------------------------------------------- importing upstream
@@ -711,7 +796,7 @@ class Observer:
         return rec
 
 
-def record_case(name: str, out_root: Path) -> dict:
+def record_case(name: str, out_root: Path, cpu_fields: dict | None = None) -> dict:
     import numpy as np
     import torch
     from safetensors.torch import save_file
@@ -757,6 +842,7 @@ def record_case(name: str, out_root: Path) -> dict:
         "torch_threads": THREADS,
         "dtype": "float32",
         "device": "cpu",
+        **(cpu_fields or {}),
         "model_generate_kwargs": gen_kwargs,
         "talker_generate_kwargs": talker_kwargs,
         "talker_tokens": int(tokens.numel()),
@@ -775,9 +861,9 @@ def record_case(name: str, out_root: Path) -> dict:
     return meta
 
 
-def record(names: list[str], out_root: Path) -> None:
+def record(names: list[str], out_root: Path, cpu_fields: dict | None = None) -> None:
     for name in names:
-        meta = record_case(name, out_root)
+        meta = record_case(name, out_root, cpu_fields)
         print(f"{name}: {meta['talker_tokens']} talker tokens, {meta['frames']} frames, stopped={meta['stopped']}, "
               f"{meta['multinomial_calls']} draws, {meta['output_seconds']} s")
 
@@ -794,26 +880,128 @@ def _plain_output(name: str):
     return torch.from_numpy(wavs[0].copy()), sr
 
 
-def verify(names: list[str]) -> int:
-    """Rerun without observers, then re-record into a temp tree and compare every tensor."""
-    import torch
+def _read(case_dir: Path) -> tuple[dict, dict]:
     from safetensors.torch import load_file
 
+    return (json.loads((case_dir / "case.json").read_text(encoding="utf-8")),
+            load_file(str(case_dir / "record.safetensors")))
+
+
+def _float_diffs(base: dict, other: dict) -> dict[str, float]:
+    """max |other - base| of every float tensor that is not torch.equal (same keys, shapes, dtypes assumed)."""
+    import torch
+
+    return {k: (other[k].double() - base[k].double()).abs().max().item() for k in sorted(base)
+            if base[k].is_floating_point() and not torch.equal(base[k], other[k])}
+
+
+def class_problems(name: str, own_dir: Path, class_dir: Path) -> list[str]:
+    """What keeps a class recording of a case from standing beside the tree's own (empty: nothing).
+
+    The same keys, dtypes and shapes (the comparison code reads whole records), every integer tensor
+    (ids, reference codes, talker tokens, codes) torch.equal, and case.json equal but for CLASS_FIELDS.
+    """
+    import torch
+
+    (own_meta, own), (meta, rec) = _read(own_dir), _read(class_dir)
+    out = []
+    if own.keys() != rec.keys():
+        out.append(f"{name}: keys differ: {sorted(own.keys() ^ rec.keys())}")
+    for k in sorted(own.keys() & rec.keys()):
+        a, b = own[k], rec[k]
+        if a.dtype != b.dtype or a.shape != b.shape:
+            out.append(f"{name}: {k} is {b.dtype} {tuple(b.shape)}, the tree's own {a.dtype} {tuple(a.shape)}")
+        elif not a.is_floating_point() and not torch.equal(a, b):
+            out.append(f"{name}: integer tensor {k} differs from the tree's own recording")
+    stripped = {k: v for k, v in meta.items() if k not in CLASS_FIELDS}
+    changed = sorted(k for k in own_meta.keys() | stripped.keys() if own_meta.get(k) != stripped.get(k))
+    if changed:
+        out.append(f"{name}: case.json fields differ from the tree's own: {changed}")
+    if "cpu_class" not in meta:
+        out.append(f"{name}: case.json names no cpu_class")
+    return out
+
+
+def _same_record(a: Path, b: Path) -> bool:
+    """Both case folders hold a record, with the same keys and torch.equal tensors."""
+    import torch
+
+    if not all((d / "record.safetensors").is_file() for d in (a, b)):
+        return False
+    x, y = _read(a)[1], _read(b)[1]
+    return x.keys() == y.keys() and all(x[k].dtype == y[k].dtype and torch.equal(x[k], y[k]) for k in x)
+
+
+def record_class(names: list[str], cpu, target: Path) -> int:
+    """Record `names` for class `cpu` into `target` (its cpu/<folder>/cases), checked against the tree's own."""
+    fields = class_fields(cpu)
+    missing = [n for n in names if not (CASES / n / "record.safetensors").is_file()]
+    if missing:
+        print(f"no recording of the tree's own for {missing}: record them first (`record` on class(es) "
+              f"{json.loads((FIXTURES / 'cpu.json').read_text())['recorded_on']})")
+        return 1
+    with tempfile.TemporaryDirectory() as tmp:
+        record(names, Path(tmp), fields)
+        problems, differs = [], {}
+        for name in names:
+            found = class_problems(name, CASES / name, Path(tmp) / name)
+            problems += found
+            if not found:
+                differs[name] = _float_diffs(_read(CASES / name)[1], _read(Path(tmp) / name)[1])
+        if problems:
+            print(f"class {cpu}: NOT stored, the recording does not stand beside the tree's own:")
+            print("\n".join(f"  {p}" for p in problems))
+            return 1
+        for name in names:
+            what = ", ".join(f"{k} {v:.3g}" for k, v in differs[name].items()) or "every tensor torch.equal"
+            print(f"{name}: {what}")
+        existing = sorted(p.name for p in target.glob("*") if (p / "case.json").is_file())
+        if not any(differs.values()) and not existing:
+            print(f"class {cpu} reproduces the tree's own recording bit for bit in these {len(names)} cases: "
+                  f"nothing stored (if it holds for every case, name {cpu} in fixtures/cpu.json `recorded_on`)")
+            return 0
+        for folder in sorted(p for p in target.parent.parent.glob("*") if p != target.parent):
+            if all(_same_record(folder / "cases" / n, Path(tmp) / n) for n in names):
+                print(f"note: {folder.name} holds the same tensors for these cases (git stores the files once)")
+        for name in names:
+            dest = target / name
+            if dest.exists():
+                shutil.rmtree(dest)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copytree(Path(tmp) / name, dest)
+        print(f"class {cpu}: {len(names)} cases written to {target.relative_to(FIXTURES)}/")
+    return 0
+
+
+def verify(names: list[str], tree: Path = CASES) -> int:
+    """Rerun without observers, then re-record into a temp tree and compare every tensor with `tree`'s."""
+    import torch
+
+    cpu_fields = None
+    if tree != CASES:
+        cpu_fields = class_fields(_cpu_recordings().this_class())
+        absent = [n for n in names if not (tree / n / "record.safetensors").is_file()]
+        if absent:
+            print(f"{tree.relative_to(FIXTURES)} has no recording of {absent} (`record` stores a class only where "
+                  "some float tensor differs from the tree's own; `record` again to see whether this one does)")
+            return 1
     bad = 0
     for name in names:
         wav, sr = _plain_output(name)
-        ref = load_file(str(CASES / name / "record.safetensors"))["wav"]
-        same = torch.equal(wav, ref) and sr == json.loads((CASES / name / "case.json").read_text())["sample_rate"]
+        meta, rec = _read(tree / name)
+        same = torch.equal(wav, rec["wav"]) and sr == meta["sample_rate"]
         bad += not same
         print(f"{name}: output without observers {'equal' if same else 'DIFFERS'}")
     with tempfile.TemporaryDirectory() as tmp:
-        record(names, Path(tmp))
+        record(names, Path(tmp), cpu_fields)
         for name in names:
-            a = load_file(str(CASES / name / "record.safetensors"))
-            b = load_file(str(Path(tmp) / name / "record.safetensors"))
+            (ja, a), (jb, b) = _read(tree / name), _read(Path(tmp) / name)
             same = a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a)
-            ja = json.loads((CASES / name / "case.json").read_text(encoding="utf-8"))
-            jb = json.loads((Path(tmp) / name / "case.json").read_text(encoding="utf-8"))
+            if cpu_fields is not None:  # another machine of the class: its model name and flags may differ
+                ja, jb = ({k: v for k, v in j.items() if k not in MACHINE_FIELDS} for j in (ja, jb))
+                for problem in class_problems(name, CASES / name, tree / name):
+                    print(f"  {problem}")
+                    same = False
             same = same and ja == jb
             bad += not same
             print(f"{name}: {'bit-identical' if same else 'DIFFERS'} ({len(a)} tensors, case.json {'equal' if ja == jb else 'differs'})")
@@ -821,22 +1009,87 @@ def verify(names: list[str]) -> int:
     return 1 if bad else 0
 
 
+def diff() -> int:
+    """Per key, the largest difference between the tree's own recording and each class folder (and between folders)."""
+    import torch
+
+    cr = _cpu_recordings()
+    folders = {}
+    for folder in sorted(p for p in (FIXTURES / cr.CPU_FOLDER).glob("*") if (p / "cases").is_dir()):
+        metas = [json.loads(m.read_text(encoding="utf-8")) for m in folder.glob("cases/*/case.json")]
+        folders[cr.folder_class(folder, metas).name] = folder / "cases"
+    own = "/".join(json.loads((FIXTURES / "cpu.json").read_text())["recorded_on"])
+    trees = {own: CASES, **folders}
+    if len(trees) < 2:
+        print("no class folder under fixtures/cpu/")
+        return 0
+    bad = 0
+    names = sorted(p.name for p in CASES.glob("*") if (p / "case.json").is_file())
+    order = list(trees)
+    for i, x in enumerate(order):
+        for y in order[i + 1:]:
+            table: dict[str, list] = {}
+            for name in names:
+                if not all((trees[t] / name / "record.safetensors").is_file() for t in (x, y)):
+                    print(f"{y} vs {x}: {name} missing")
+                    continue
+                base, other = _read(trees[x] / name)[1], _read(trees[y] / name)[1]
+                for k in sorted(base):
+                    a, b = base[k], other.get(k)
+                    row = table.setdefault(k, [str(a.dtype).replace("torch.", ""), 0.0, 0.0, 0, 0])
+                    row[4] += 1
+                    if b is None or b.shape != a.shape or b.dtype != a.dtype:
+                        print(f"{y} vs {x}: {name} {k} missing or of another shape / dtype")
+                        bad += 1
+                    elif torch.equal(a, b):
+                        continue
+                    elif not a.is_floating_point():
+                        print(f"{y} vs {x}: {name}: INTEGER tensor {k} differs")
+                        bad += 1
+                    else:
+                        d = (b.double() - a.double()).abs().max().item()
+                        scale = a.double().abs().max().item()
+                        row[1], row[2], row[3] = max(row[1], d), max(row[2], d / scale if scale else 0.0), row[3] + 1
+            print(f"\n{y} against {x} ({len(names)} cases): per key, max abs diff, max diff / max |{x}|, "
+                  "cases where it differs")
+            print("| key | dtype | max abs diff | relative | cases differing |")
+            print("|---|---|---|---|---|")
+            for k, (dtype, d, r, n, total) in sorted(table.items()):
+                shown = ("equal" if not n else f"{d:.3g}", "" if not n else f"{r:.3g}")
+                print(f"| `{k}` | {dtype} | {shown[0]} | {shown[1]} | {n} / {total} |")
+    return 1 if bad else 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("command", choices=["build", "record", "verify", "all"])
+    ap.add_argument("command", choices=["build", "record", "verify", "all", "diff"])
     ap.add_argument("names", nargs="*", help="case names (record / verify); default all")
-    args = ap.parse_args()
+    ap.add_argument("--cap", choices=sorted(ISA_CAPS),
+                    help="record / verify as this narrower CPU class (ISA_CAPS sets the environment)")
+    args = ap.parse_intermixed_args()
     unknown = [n for n in args.names if n not in CASES_SPEC]
-    if unknown or (args.names and args.command in ("build", "all")):
+    if unknown or (args.names and args.command in ("build", "all", "diff")):
         ap.error(f"unknown cases {unknown}" if unknown else f"{args.command} takes no names")
-    _reexec_with_mkl_shim()
+    if args.cap and args.command not in ("record", "verify"):
+        ap.error("--cap goes with record or verify")
+    _reexec_with_mkl_shim(ISA_CAPS.get(args.cap))
     patch_upstream()
+    names = args.names or list(CASES_SPEC)
+    if args.command == "diff":
+        return diff()
     if args.command in ("build", "all"):
         build()
-    if args.command in ("record", "all"):
-        record(args.names or list(CASES_SPEC), CASES)
-    if args.command == "verify":
-        return verify(args.names or list(CASES_SPEC))
+    if args.command in ("record", "all", "verify"):
+        cpu, target, own = class_target()
+        fields = class_fields(cpu)
+        print(f"CPU class {cpu} (torch capability {fields['torch_cpu_capability']}, ISA caps "
+              f"{fields['isa_caps'] or 'none'}): {'own' if own else 'class'} recording {target.relative_to(FIXTURES)}/")
+        if args.command == "verify":
+            return verify(names, target)
+        if own:
+            record(names, CASES)
+        else:
+            return record_class(names, cpu, target)
     return 0
 
 
