@@ -26,9 +26,10 @@ def _metas(folder: Path) -> list[dict]:
     return [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("cases/*/case.json"))]
 
 
-@pytest.mark.skipif(not FOLDERS, reason="this tree holds no per-class re-recording")
-@pytest.mark.parametrize("folder", FOLDERS, ids=[f.name for f in FOLDERS])
+@pytest.mark.parametrize("folder", FOLDERS or [None], ids=[f.name for f in FOLDERS] or ["none"])
 def test_a_class_folder_names_a_class_of_its_own(folder):
+    if folder is None:  # another tree of this layout may hold its own recording only
+        pytest.skip("this tree holds no per-class re-recording")
     named = folder_class(folder, _metas(folder))
     assert named == folder_class(folder), f"{folder.name}: its case.json files name {named}"
     assert named not in recorded_on(ROOT), f"{folder.name}: {named} is a class the tree's own recording holds for"
@@ -37,9 +38,10 @@ def test_a_class_folder_names_a_class_of_its_own(folder):
     CpuClass.parse(named.name)
 
 
-@pytest.mark.skipif(not FOLDERS, reason="this tree holds no per-class re-recording")
-@pytest.mark.parametrize("folder", FOLDERS, ids=[f.name for f in FOLDERS])
+@pytest.mark.parametrize("folder", FOLDERS or [None], ids=[f.name for f in FOLDERS] or ["none"])
 def test_a_class_folder_keeps_the_integers_and_differs_in_some_float(folder):
+    if folder is None:
+        pytest.skip("this tree holds no per-class re-recording")
     floats_differ = 0
     cases = sorted(p for p in (folder / "cases").iterdir() if (p / "case.json").is_file())
     assert cases, f"{folder.name} holds no case"
