@@ -13,8 +13,8 @@ from typing import Any, Union
 
 import torch
 
-from mizuoto.errors import AudioError, InvalidRequest
-from mizuoto.runtime.executor import Executor  # the type of Model.executor (a batching model's is its batch loop)
+from mizuoto.errors import AudioError, InvalidRequest, MemoryBudgetError
+from mizuoto.runtime.executor import Executor, RoomLater  # Executor: the type of Model.executor
 from mizuoto.runtime.lease import current as current_lease
 from mizuoto.runtime.sequence import AloneSteps, RowSteps, Sequence
 from mizuoto.runtime.request_options import RequestOption, check_declared, check_given, resolve_options  # noqa: F401 (public here)
@@ -417,12 +417,19 @@ class Model(abc.ABC):
 
         def run() -> Any:
             with contextlib.ExitStack() as stack:
-                for name, call_sizes in rooms.items():
+                for name, call_sizes in rooms.items():  # RoomLater here: nothing ran, the loop may run it again
                     stack.enter_context(self.room(name, **call_sizes))
-                if stage is None:
-                    return fn(None)
-                with self.use(stage) as device:
-                    return fn(device)
+                try:
+                    if stage is None:
+                        return fn(None)
+                    with self.use(stage) as device:
+                        return fn(device)
+                except RoomLater as e:
+                    # a nested call's room, asked for after work of this call ran: running the call again would
+                    # repeat that work (its draws, its caches), so it gives way (declare it in `reserve=`)
+                    raise MemoryBudgetError(f"a call inside the {stage or kind or 'compute'} call could not get its "
+                                            f"room ({e}); declare it in reserve= so that it is reserved before the "
+                                            "call starts") from None
         return self.submit(run, kind=kind or stage or "call", urgent=urgent)
 
     def decode(self, stage: str, loop: Callable[[Any], Iterator[int]], *, alone: bool = False,

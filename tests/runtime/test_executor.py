@@ -9,7 +9,7 @@ import pytest
 from mizuoto.errors import MizuotoError, RequestCancelled
 from mizuoto.runtime import executor as module
 from mizuoto.runtime.executor import Executor, RoomLater
-from mizuoto.runtime.lease import Lease
+from mizuoto.runtime.lease import Lease, within
 from mizuoto.testing.waits import cancel_during
 
 
@@ -182,3 +182,44 @@ def _swallow(fn):
         fn()
     except RequestCancelled:
         pass
+
+
+def test_a_nested_calls_room_held_by_others_gives_way_instead_of_running_its_call_again(tone_dir):
+    """On a batch loop only a call's own rooms, reserved before any of its work, may put it aside (it is run again
+    from the start). A nested call asking for room after work of the outer call ran gives way (MemoryBudgetError):
+    running the outer call again would repeat that work."""
+    import contextlib
+
+    import torch
+
+    from mizuoto.errors import MemoryBudgetError
+    from mizuoto.runtime.options import LoadOptions
+    from mizuoto.testing.toy import ToneEngine
+
+    class Placement:  # the runtime's placement, reduced to a room that others hold for "render"
+        def place(self, stage, lease=None):
+            return contextlib.nullcontext(torch.device("cpu"))
+
+        @contextlib.contextmanager
+        def reserve(self, stage, lease, working, sizes):
+            if stage == "render":
+                raise RoomLater("held by others")
+            yield
+
+        def schedule(self):
+            pass
+
+    model = ToneEngine().load(tone_dir, LoadOptions(device="cpu"))
+    ex = Executor("m")
+    ex.placement, model.executor, model.batch_width = Placement(), ex, 2
+    runs = []
+
+    def outer(device):
+        runs.append(threading.current_thread().name)
+        return model.compute("render", lambda d: None, notes=1, samples=10)  # not declared in reserve=
+    try:
+        with pytest.raises(MemoryBudgetError, match="declare it in reserve="), within(Lease(10.0)):
+            model.compute("notes", outer)  # (put aside, it would wait out its deadline)
+        assert runs == ["mizuoto-m-compute"] and ex.pending() == 0  # run once, never put aside
+    finally:
+        ex.close()
