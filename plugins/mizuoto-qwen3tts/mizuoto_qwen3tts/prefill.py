@@ -78,8 +78,11 @@ class PrefillBuilder:
     def __init__(self, talker: Talker, predictor: CodePredictor, ids: ModelIds, prompts: Prompts | None = None) -> None:
         self.talker, self.predictor, self.ids, self.prompts = talker, predictor, ids, prompts
 
+    def _ids(self, ids: list) -> torch.Tensor:
+        return torch.tensor(ids, dtype=torch.int64, device=self.talker.head.weight.device)
+
     def _codec(self, ids: list[int]) -> torch.Tensor:
-        return self.talker.codec(torch.tensor([ids], dtype=torch.int64))
+        return self.talker.codec(self._ids([ids]))
 
     @torch.inference_mode()
     def build(self, text: str, language: str | None = None, speaker: str | None = None, instruct: str | None = None,
@@ -113,15 +116,16 @@ class PrefillBuilder:
                                  field="ref_text")
         language = language_id(ids, language, speaker)
         preset = speaker_id(ids, speaker)
-        bos, eos, pad = talker.text(torch.tensor([[ids.tts_bos, ids.tts_eos, ids.tts_pad]])).chunk(3, dim=1)
+        bos, eos, pad = talker.text(self._ids([[ids.tts_bos, ids.tts_eos, ids.tts_pad]])).chunk(3, dim=1)
 
         prefix = ([ids.nothink, ids.think_bos, ids.think_eos] if language is None
                   else [ids.think, ids.think_bos, language, ids.think_eos])
         codec = [self._codec(prefix)]
         if preset is not None:
-            codec.append(talker.codec(torch.tensor(preset, dtype=torch.int64)).view(1, 1, -1))
+            codec.append(talker.codec(self._ids(preset)).view(1, 1, -1))
         elif speaker_embedding is not None:
-            codec.append(speaker_embedding.view(1, 1, -1))
+            weight = talker.head.weight
+            codec.append(speaker_embedding.to(weight.device).to(weight.dtype).view(1, 1, -1))
         codec.append(self._codec([ids.codec_pad, ids.codec_bos]))
         codec = torch.cat(codec, dim=1)
         role = talker.text(input_ids[:, :ROLE_IDS])
@@ -156,6 +160,7 @@ class PrefillBuilder:
         if ref_codes.dim() != 2 or ref_codes.shape[1] != self.ids.groups:
             raise ValueError(f"reference codes must be (frames, {self.ids.groups}), not {tuple(ref_codes.shape)}")
         text = torch.cat([self.talker.text(text_ids), eos], dim=1)
+        ref_codes = ref_codes.to(self.talker.head.weight.device)
         codec = torch.cat([self._codec([self.ids.codec_bos]), self.frame_embedding(ref_codes)], dim=1)
         if non_streaming_mode:
             text = text + self._codec([self.ids.codec_pad] * text.shape[1])

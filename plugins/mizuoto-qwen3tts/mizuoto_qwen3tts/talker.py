@@ -3,11 +3,11 @@
 Upstream's talker (`Qwen3TTSTalkerModel`) is a Qwen3 decoder whose token table is the codec's
 (`codec_embedding`: codebook 0 and the control ids) and whose head is `codec_head`; it reads
 `inputs_embeds` the engine builds (text projected, codec ids embedded, added position by
-position). The text side of its prompts is its own too: a text token table
-(`text_embedding`, at `text_hidden_size`) and `text_projection`, a two-layer MLP resizing text
-rows to the talker's width (`TextProjection`). Its RoPE is "multimodal" (`mrope_section`, interleaved), but a speech prompt gives
-the three position axes the same positions, so every rotation equals plain RoPE on those
-positions (checked against upstream's recording); a config asking for anything else is refused.
+position). The text side of its prompts is its own too: a text token table (`text_embedding`,
+at `text_hidden_size`) and `text_projection`, a two-layer MLP resizing text rows to the talker's
+width (`TextProjection`). Its RoPE is "multimodal" (`mrope_section`, interleaved), but a speech
+prompt gives the three position axes the same positions, so every rotation equals plain RoPE on
+those positions (checked against upstream's recording); a config asking for anything else is refused.
 Sizes come from `config.json`'s `talker_config`.
 """
 
