@@ -33,7 +33,7 @@ import torch
 
 from mizuoto.errors import InvalidRequest, ModelLoadError
 from mizuoto.nn.lm import logits as lp
-from mizuoto.nn.lm.kv_cache import StaticKVCache
+from mizuoto.nn.lm.kv_cache import KVCache, StaticKVCache
 from mizuoto.runtime.sequence import AloneSteps, Sequence
 from mizuoto_qwen3tts.code_predictor import CodePredictor
 from mizuoto_qwen3tts.ids import ModelIds
@@ -153,30 +153,42 @@ class FrameLoop:
         return Sequence(decoder=self.talker.decoder, head=self.head, row_head=self.batch_head, rows=1, stacked=True,
                         what="the Qwen3-TTS talker", **declared)
 
-    def _attach(self, steps: Any | None, prefill: Prefill, most: int) -> Any:
-        """The runtime's steps (alone when None) over a cache for the prompt and `most` more positions."""
-        steps = steps if steps is not None else AloneSteps(self.sequence())
-        cfg = self.talker.decoder.config
+    def _attach(self, steps: Any | None, prefill: Prefill, most: int, static: bool | None) -> Any:
+        """The runtime's steps (alone when None) over the talker's cache for the prompt and `most` more positions.
 
-        def alone() -> StaticKVCache:
+        Alone, a static cache (preallocated for every position, which CUDA graphs need) where the
+        talker runs on CUDA or `static` asks for it, else a growing one (upstream's kind; a static
+        one for the default 8192 tokens of a released model would take GBs up front). Both give
+        the same numbers on the CPU (tests/test_generate.py).
+        """
+        steps = steps if steps is not None else AloneSteps(self.sequence())
+        decoder = self.talker.decoder
+        if static is None:
+            static = self.talker.head.weight.device.type == "cuda"
+
+        def alone() -> KVCache:
+            if not static:
+                return decoder.new_cache()
+            cfg = decoder.config
             return StaticKVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim,
                                  prefill.inputs_embeds.shape[1] + most)
-        return steps.attach(alone, row=self.talker.decoder.new_cache)
+        return steps.attach(alone, row=decoder.new_cache)
 
     # -- the loop ------------------------------------------------------------------------------------
     @torch.inference_mode()
     def generate(self, prefill: Prefill, options: SamplingOptions, generator: torch.Generator | None = None,
-                 steps: Any | None = None,
-                 on_token: Callable[[int, torch.Tensor], None] | None = None) -> Iterator[torch.Tensor]:
+                 steps: Any | None = None, on_token: Callable[[int, torch.Tensor], None] | None = None,
+                 static_cache: bool | None = None) -> Iterator[torch.Tensor]:
         """Each completed frame's codes, a LongTensor (groups,), as soon as it is drawn.
 
         `generator`: where every draw comes from (None: torch's default generator, as upstream);
         `steps`: the runtime's when it runs this loop (`Model.decode`; None: by itself here);
         `on_token(token, hidden)`: told each talker token and the hidden state (H,) it was drawn
         from, the last token too (the stop code, or one whose frame was never completed). The
-        generator's return value says whether the stop code ended it.
+        generator's return value says whether the stop code ended it. `static_cache`: the talker's
+        cache when it runs alone (None: static on CUDA only; see `_attach`).
         """
-        steps = self._attach(steps, prefill, options.max_new_tokens)
+        steps = self._attach(steps, prefill, options.max_new_tokens, static_cache)
         forward = steps.scores
         scores = yield from forward(prefill.inputs_embeds)
         drawn: list[int] = []

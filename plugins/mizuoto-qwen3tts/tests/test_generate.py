@@ -74,13 +74,15 @@ def check_run(case, recorded, run: Run) -> None:
                           f"{case.name} talker_hidden")
 
 
+@pytest.mark.parametrize("static_cache", [False, True], ids=["dynamic-cache", "static-cache"])
 @torch.inference_mode()
-def test_the_loop_draws_upstreams_frames_tokens_and_hidden_states(case, monkeypatch):
+def test_the_loop_draws_upstreams_frames_tokens_and_hidden_states(case, monkeypatch, static_cache):
     recorded, run = case.tensors(), Run()
     loop = frame_loop(case.model_dir)
     counting_multinomial(monkeypatch, run)
     generator = torch.Generator().manual_seed(case.spec["seed"])
-    run.consume(loop.generate(recorded_prefill(recorded), case_options(case), generator, on_token=run.token))
+    run.consume(loop.generate(recorded_prefill(recorded), case_options(case), generator, on_token=run.token,
+                              static_cache=static_cache))
     check_run(case, recorded, run)
     assert run.draws == case.spec["multinomial_calls"], f"{case.name}: {run.draws} draws"
 

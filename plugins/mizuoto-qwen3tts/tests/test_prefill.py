@@ -10,7 +10,7 @@ import torch
 from mizuoto.errors import InvalidRequest
 from mizuoto_qwen3tts.code_predictor import load_code_predictor
 from mizuoto_qwen3tts.ids import ModelIds
-from mizuoto_qwen3tts.prefill import PrefillBuilder
+from mizuoto_qwen3tts.prefill import PrefillBuilder, language_id
 from mizuoto_qwen3tts.prompt import Prompts
 from mizuoto_qwen3tts.talker import load_talker
 
@@ -90,3 +90,16 @@ def test_an_icl_clone_without_its_transcript_is_refused(any_case):
     codes = torch.zeros(3, b.ids.groups, dtype=torch.int64)
     with pytest.raises(InvalidRequest, match="ref_text"):
         b.build("hello", speaker_embedding=torch.zeros(b.talker.decoder.config.hidden_size), ref_codes=codes)
+
+
+def test_a_dialect_speaker_speaks_its_dialect_only_for_chinese_and_auto(case):
+    """Upstream's rule, over every speaker and language of the case's model (the recorded calls cover two pairs)."""
+    ids = ModelIds.from_dir(case.model_dir)
+    for speaker in [None, *ids.supported_speakers]:
+        dialect = ids.dialects.get(speaker) if speaker else None
+        for language in ids.supported_languages:
+            got = language_id(ids, language.upper(), speaker)  # names are matched in any case
+            if dialect is not None and language in ("chinese", "auto"):
+                assert got == ids.languages[dialect], (speaker, language)
+            else:
+                assert got == (None if language == "auto" else ids.languages[language]), (speaker, language)
