@@ -5,7 +5,9 @@ Each takes scores (B, V) and returns new scores, as `transformers.generation.log
 repetition penalty (gather, divide or multiply by sign, scatter), temperature (a division),
 top-k (below the k-th largest), top-p (an ascending sort, softmax, cumulative sum, the tail at
 or under 1 - p dropped, the last token always kept) and min-p (below min_p times the top
-probability, the top token always kept). Removed scores become -inf.
+probability, the top token always kept) and suppression (the scores of given ids set to -inf by a
+`torch.where` over an `isin` mask: transformers' suppress-tokens processor, and its min-length and
+min-new-tokens processors while they hold the stop ids back). Removed scores become -inf.
 """
 
 from __future__ import annotations
@@ -48,3 +50,9 @@ def min_p(scores: torch.Tensor, p: float, keep: int = 1) -> torch.Tensor:
     drop = probs < p * probs.amax(dim=-1, keepdim=True)
     drop.scatter_(-1, torch.topk(probs, min(keep, probs.shape[-1]), dim=-1).indices, False)
     return scores.masked_fill(drop, NEG_INF)
+
+
+def suppress(scores: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Scores of the token ids in `ids` (1-D) set to -inf, every row (also how a minimum length masks the stop ids)."""
+    vocab = torch.arange(scores.shape[-1], device=scores.device)
+    return torch.where(torch.isin(vocab, ids.to(scores.device)), NEG_INF, scores)
