@@ -1,5 +1,18 @@
-"""Qwen3-TTS (12 Hz: Base clone, CustomVoice presets, VoiceDesign) for Mizuoto, in progress.
+"""mizuoto-qwen3tts: Qwen3-TTS 12 Hz (Alibaba Qwen, Apache-2.0) as a Mizuoto engine, from `mizuoto.nn` blocks.
 
-What exists: the text prompts as upstream (`qwen-tts` 0.1.1) lays them out and their token ids
-(`prompt`). The engine itself is not written yet and no engine is registered (README.md).
+Registered through the `mizuoto.engines` entry point. Importing this package is cheap: the engine
+is imported only when a directory holding a 12 Hz codec (`speech_tokenizer/`) is detected or loaded.
 """
+
+from __future__ import annotations
+
+from mizuoto.runtime.hookspecs import EngineRef, hookimpl
+
+__all__ = ["mizuoto_engines"]
+
+
+@hookimpl
+def mizuoto_engines() -> list:
+    """The Qwen3-TTS engine, imported on first use, and only for directories holding a speech tokenizer."""
+    return [EngineRef("qwen3tts", "mizuoto_qwen3tts.engine", "Qwen3TTSEngine",
+                      patterns=("speech_tokenizer/config.json",))]

@@ -72,7 +72,7 @@ class SamplingOptions:
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(overrides) - names)
         if unknown:
-            raise InvalidRequest(f"unknown sampling option(s) {unknown}; known: {sorted(names)}", field=unknown[0])
+            raise InvalidRequest(f"unknown sampling option(s) {unknown}; known: {sorted(names)}", field="options")
         values: dict[str, Any] = {}
         path = Path(model_dir) / GENERATION_CONFIG if model_dir is not None else None
         if path is not None and path.is_file():
@@ -88,7 +88,7 @@ class SamplingOptions:
         """These options, after the checks transformers makes when it builds its processors (InvalidRequest)."""
         def need(ok: bool, name: str, what: str) -> None:
             if not ok:
-                raise InvalidRequest(f"{name} must be {what}, not {getattr(self, name)!r}", field=name)
+                raise InvalidRequest(f"{name} must be {what}, not {getattr(self, name)!r}", field="options")
         need(isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1, "max_new_tokens", "an int >= 1")
         need(self.repetition_penalty > 0, "repetition_penalty", "> 0")
         for prefix in ("", "subtalker_"):

@@ -54,7 +54,7 @@ def language_id(ids: ModelIds, language: str | None, speaker: str | None) -> int
     name = AUTO if language is None else str(language).lower()
     if name not in ids.supported_languages:
         raise InvalidRequest(f"unsupported language {language!r}; this model supports "
-                             f"{sorted(ids.supported_languages)}", field="language")
+                             f"{sorted(ids.supported_languages)}", field="options")
     dialect = ids.dialects.get(speaker.lower()) if speaker else None
     if dialect is not None and name in ("chinese", AUTO):  # a dialect speaker speaks its dialect for these
         return ids.languages[dialect]
@@ -68,7 +68,7 @@ def speaker_id(ids: ModelIds, speaker: str | None) -> int | None:
     if speaker.lower() not in ids.speakers:
         known = ids.supported_speakers
         raise InvalidRequest(f"unsupported speaker {speaker!r}; " + (f"this model's speakers are {known}" if known
-                             else "this model has no preset speakers"), field="speaker")
+                             else "this model has no preset speakers"), field="voice")
     return ids.speakers[speaker.lower()]
 
 
@@ -113,7 +113,7 @@ class PrefillBuilder:
             raise ValueError("a request speaks with a preset speaker or a clone's x-vector, not both")
         if ref_codes is not None and ref_ids is None:
             raise InvalidRequest("a clone from the reference's codes needs its transcript (ref_text)",
-                                 field="ref_text")
+                                 field="reference")
         language = language_id(ids, language, speaker)
         preset = speaker_id(ids, speaker)
         bos, eos, pad = talker.text(self._ids([[ids.tts_bos, ids.tts_eos, ids.tts_pad]])).chunk(3, dim=1)

@@ -20,6 +20,8 @@ from safetensors.torch import load_file
 DEFAULT_ROOT = Path(__file__).parent / "fixtures"
 ROOT = Path(os.environ.get("MIZUOTO_QWEN3TTS_FIXTURES", DEFAULT_ROOT))
 RECORD = "record.safetensors"
+# upstream's generate_* arguments that are a request's own fields, not options
+CALL_FIELDS = {"text", "ref_audio", "ref_text", "x_vector_only_mode", "speaker", "instruct"}
 
 
 @functools.cache
@@ -51,6 +53,30 @@ class Case:
     def cpu(self):
         """How this case is compared on this machine's CPU class (`cpu_recordings.Comparison`)."""
         return tree().comparison(self.name)
+
+    def request(self, declared: set) -> dict:
+        """The recorded call as `Runtime.synthesize` keywords: the text, the voice (a reference clip with or without
+        its transcript, a preset speaker, or VoiceDesign's one voice), the instruction, the seed, and every other
+        argument as the request option of its name (`declared`: the model's); one that is neither fails."""
+        from mizuoto.runtime.engine import Reference
+        from mizuoto_qwen3tts.engine import DESIGN_VOICE
+
+        kw = self.kwargs
+        unknown = set(kw) - CALL_FIELDS - declared
+        assert not unknown, f"upstream's arguments {sorted(unknown)} are neither request fields nor options"
+        options = {k: (v.lower() if k == "language" else v) for k, v in kw.items() if k in declared}
+        request = {"text": kw["text"], "seed": self.spec["seed"], "options": options}
+        if self.spec["method"] == "generate_voice_clone":
+            in_context = not kw.get("x_vector_only_mode", False)
+            request |= {"voice": Reference(str(ROOT / kw["ref_audio"]), kw["ref_text"] if in_context else None),
+                        "mode": "clone" if in_context else "cross_lingual"}
+        elif self.spec["method"] == "generate_custom_voice":
+            request |= {"voice": kw["speaker"].lower()}
+            if kw.get("instruct"):
+                request |= {"instruct": kw["instruct"], "mode": "instruct"}
+        else:
+            request |= {"voice": DESIGN_VOICE, "instruct": kw["instruct"], "mode": "instruct"}
+        return request
 
     def tensors(self) -> dict:
         """The case's recorded tensors: this CPU class's record where the tree has one."""

@@ -1,0 +1,72 @@
+"""A loaded Qwen3-TTS model's parts: every module read from the directory, and the two calls a request makes of them.
+
+`prefill(...)` lays out the talker's prompt (`prefill.py`) and `generate(...)` is the frame loop
+(`generate.py`) the runtime runs, over `sequence`; the rest are modules the engine's stages hold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mizuoto_qwen3tts.code_predictor import CodePredictor, load_code_predictor
+from mizuoto_qwen3tts.codec_decoder import CodecDecoder, load_codec_decoder
+from mizuoto_qwen3tts.codec_encoder import CodecEncoder, load_codec_encoder
+from mizuoto_qwen3tts.layout import ModelLayout
+from mizuoto_qwen3tts.prompt import Prompts
+from mizuoto_qwen3tts.speaker_encoder import SpeakerEncoder, load_speaker_encoder
+from mizuoto_qwen3tts.talker import Talker, load_talker
+
+
+@dataclass
+class Parts:
+    """The modules of one model directory (the speaker and codec encoders: Base only)."""
+
+    layout: ModelLayout
+    prompts: Prompts
+    talker: Talker
+    predictor: CodePredictor
+    codec_decoder: CodecDecoder
+    speaker: SpeakerEncoder | None = None
+    codec_encoder: CodecEncoder | None = None
+
+    @property
+    def voice_per_sample(self) -> int:
+        """Floats a clone's front holds per 24 kHz sample at its widest (the codec encoder's full-rate layers)."""
+        if self.codec_encoder is None:
+            return 0
+        return 2 * self.codec_encoder.config.num_filters + 1
+
+    def __post_init__(self) -> None:
+        from mizuoto_qwen3tts.generate import FrameLoop
+        from mizuoto_qwen3tts.ids import ModelIds
+        from mizuoto_qwen3tts.prefill import PrefillBuilder
+
+        ids = ModelIds.from_config(self.layout.config, str(self.layout.model_dir / "config.json"))
+        self.builder = PrefillBuilder(self.talker, self.predictor, ids, self.prompts)
+        self.loop = FrameLoop(self.talker, self.predictor, ids)
+        self.sequence = self.loop.sequence()  # what the runtime runs the talker's token loops over
+
+    def prefill(self, text: str, *, language: str, speaker: str | None, instruct: str | None, clone: Any,
+                non_streaming: bool) -> Any:
+        """The talker's prompt for one request (`prefill.Prefill`); a clone's x-vector, and codes when in context."""
+        in_context = clone is not None and clone.in_context
+        return self.builder.build(text, language, speaker, instruct,
+                                  ref_text=clone.ref_text if in_context else None,
+                                  speaker_embedding=clone.xvector if clone is not None else None,
+                                  ref_codes=clone.ref_codes if in_context else None, non_streaming_mode=non_streaming)
+
+    def generate(self, prefill: Any, sampling: Any, generator: torch.Generator, steps: Any) -> Any:
+        """The frame loop over `steps` (the runtime's), each frame a LongTensor [groups]."""
+        return self.loop.generate(prefill, sampling, generator, steps)
+
+
+def load_parts(layout: ModelLayout) -> Parts:
+    """Every module of the directory `layout` describes (float32, eval mode)."""
+    base = layout.kind == "base"
+    return Parts(layout, Prompts(layout.model_dir), load_talker(layout.model_dir),
+                 load_code_predictor(layout.model_dir), load_codec_decoder(layout.codec_dir),
+                 load_speaker_encoder(layout.model_dir) if base else None,
+                 load_codec_encoder(layout.codec_dir) if base else None)
