@@ -3,8 +3,8 @@
 A directory in upstream's released layout holds `config.json` (a `Qwen3TTSConfig`: `model_type`
 "qwen3_tts", its `tts_model_type` base / custom_voice / voice_design), `generation_config.json`, the
 weights, the text tokenizer (vocab.json, merges.txt) and the 12 Hz codec under `speech_tokenizer/`.
-Speakers and languages are the config's (upstream's `get_supported_speakers` / `_languages`: every
-`codec_language_id` but the dialects, and "auto").
+Speakers and languages are the config's (`ids.ModelIds`: upstream's `get_supported_speakers` /
+`_languages`, every `codec_language_id` but the dialects, and "auto").
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mizuoto.errors import ModelLoadError
+from mizuoto_qwen3tts.ids import AUTO, ModelIds
 
 KINDS = ("base", "custom_voice", "voice_design")
 TOKENIZER_12HZ = "qwen3_tts_tokenizer_12hz"
-AUTO = "auto"
 # upstream drops a CustomVoice instruction when `tts_model_size in "0b6"` (a substring test, so "0b6", "0b", "b6",
 # "0" and "" all drop it): such a model takes no instruction, and Mizuoto refuses one rather than drop it
 NO_INSTRUCT_SIZES = "0b6"
@@ -43,6 +43,7 @@ class ModelLayout:
     size: str
     hidden: int
     groups: int
+    ids: ModelIds
     speakers: dict[str, str | None] = field(default_factory=dict)  # name -> its dialect (a language id's name)
     languages: tuple[str, ...] = ()  # upstream's names, "auto" first
 
@@ -78,15 +79,12 @@ def read_layout(model_dir: Path) -> ModelLayout:
     for needed in ("speech_tokenizer/config.json", "vocab.json", "merges.txt", "model.safetensors"):
         if not (model_dir / needed).is_file():
             raise ModelLoadError(f"{model_dir}: {needed} is missing")
-    talker = config.get("talker_config") or {}
-    try:
-        hidden, groups = int(talker["hidden_size"]), int(talker["num_code_groups"])
-        dialects = talker.get("spk_is_dialect") or {}
-        speakers = {str(k).lower(): (dialects.get(k) or None) for k in (talker.get("spk_id") or {})}
-        languages = (AUTO,) + tuple(str(k).lower() for k in talker["codec_language_id"] if "dialect" not in k)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ModelLoadError(f"{where}: talker_config lacks or mangles {exc}") from None
+    ids = ModelIds.from_config(config, str(where))  # refuses a config without its ids
+    speakers = {name: ids.dialects.get(name) for name in ids.speakers}
+    hidden = int((config.get("talker_config") or {}).get("hidden_size", 0))
+    if hidden <= 0:
+        raise ModelLoadError(f"{where}: talker_config lacks hidden_size")
     gen_path = model_dir / "generation_config.json"
     generation = _json(gen_path) if gen_path.is_file() else {}
-    return ModelLayout(model_dir, config, generation, kind, str(config.get("tts_model_size", "")), hidden, groups,
-                       speakers, languages)
+    return ModelLayout(model_dir, config, generation, kind, str(config.get("tts_model_size", "")), hidden, ids.groups,
+                       ids, speakers, tuple(ids.supported_languages))

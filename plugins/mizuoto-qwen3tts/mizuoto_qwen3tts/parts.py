@@ -41,10 +41,9 @@ class Parts:
 
     def __post_init__(self) -> None:
         from mizuoto_qwen3tts.generate import FrameLoop
-        from mizuoto_qwen3tts.ids import ModelIds
         from mizuoto_qwen3tts.prefill import PrefillBuilder
 
-        ids = ModelIds.from_config(self.layout.config, str(self.layout.model_dir / "config.json"))
+        ids = self.layout.ids
         self.builder = PrefillBuilder(self.talker, self.predictor, ids, self.prompts)
         self.loop = FrameLoop(self.talker, self.predictor, ids)
         self.sequence = self.loop.sequence()  # what the runtime runs the talker's token loops over

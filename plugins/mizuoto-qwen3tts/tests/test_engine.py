@@ -8,6 +8,7 @@ the test. The audio must equal upstream's returned waveform, the codes the talke
 """
 
 import functools
+import os
 
 import pytest
 import torch
@@ -65,3 +66,65 @@ def test_an_unknown_language_is_refused_with_the_choices(case):
     request = _request(case)
     with pytest.raises(InvalidRequest, match="must be one of auto"):
         _runtime().synthesize(name, request.pop("text"), **{**request, "options": {"language": "klingon"}})
+
+
+def test_no_frame_at_all_is_a_clear_error_and_an_icl_clone_gives_empty_audio(case):
+    """max_new_tokens 1: the talker's one token never gets its frame. Upstream's decode then fails on no codes
+    (here: an InvalidRequest saying why), unless a clone's reference codes are decoded ahead (then its audio is
+    cut away whole: no samples)."""
+    name = _loaded(case.model_dir)
+    request = _request(case)
+    text = request.pop("text")
+    request["options"] = {**request["options"], "max_new_tokens": 1}
+    if "ref_codes" in case.tensors():
+        chunks = list(_runtime().synthesize(name, text, **request))
+        assert len(chunks) == 1 and chunks[0].samples.numel() == 0
+        return
+    with pytest.raises(InvalidRequest, match="no audio frame"):
+        list(_runtime().synthesize(name, text, **request))
+
+
+def _copy_with_config(model_dir, tmp_path, **changes):
+    """A copy of a model dir (weights linked) whose config.json has `changes` at its top level."""
+    import json
+    import shutil
+
+    copy = tmp_path / model_dir.name
+    shutil.copytree(model_dir, copy, copy_function=os.symlink)
+    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    (copy / "config.json").unlink()
+    (copy / "config.json").write_text(json.dumps({**config, **changes}), encoding="utf-8")
+    return copy
+
+
+def test_a_model_upstream_drops_instructions_for_takes_none(any_case, tmp_path):
+    """Upstream's CustomVoice ignores an instruction when `tts_model_size in "0b6"`: Mizuoto refuses it instead."""
+    custom = next((d for d in any_case.model_dir.parent.iterdir()
+                   if _runtime().detect(d) == [("qwen3tts", "custom_voice")]), None)
+    assert custom is not None, "the tree has no CustomVoice model"
+    rt = _runtime()
+    for size, instruct in (("0b6", False), ("1b7", True)):
+        name = rt.load(str(_copy_with_config(custom, tmp_path / size, tts_model_size=size)), name=f"cv-{size}",
+                       device="cpu")
+        try:
+            assert ("instruct" in rt.model(name).capabilities.modes) is instruct
+            voice = next(v.id for v in rt.model(name).voices() if v.kind == "preset")
+            if not instruct:
+                with pytest.raises(InvalidRequest, match="does not support mode 'instruct'"):
+                    rt.synthesize(name, "Hello.", voice=voice, instruct="Speak slowly.")
+        finally:
+            rt.unload(name)
+
+
+@pytest.mark.parametrize("changes, says", [({"tokenizer_type": "qwen3_tts_tokenizer_25hz"}, "12 Hz"),
+                                           ({"tts_model_type": "dubbing"}, "tts_model_type"),
+                                           ({"model_type": "qwen3"}, "qwen3_tts")])
+def test_a_directory_this_engine_cannot_run_is_refused_naming_why(any_case, tmp_path, changes, says):
+    from mizuoto.errors import ModelLoadError
+    from mizuoto_qwen3tts.engine import Qwen3TTSEngine
+    from mizuoto_qwen3tts.layout import read_layout
+
+    copy = _copy_with_config(any_case.model_dir, tmp_path, **changes)
+    assert Qwen3TTSEngine().detect(copy) is False
+    with pytest.raises(ModelLoadError, match=says):
+        read_layout(copy)
