@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mizuoto.nn.codecs.causal_conv import CausalConv1d, CausalConvTranspose1d
+from mizuoto.nn.codecs.mimi import LayerScale
 from mizuoto.nn.lm.decoder import GatedMLP, RMSNorm
 from mizuoto.nn.vocoders.snake_beta import SnakeBeta
 
@@ -82,18 +83,6 @@ def sliding_window_mask(length: int, window: int, device: torch.device) -> torch
     q = torch.arange(length, device=device)[:, None]
     k = torch.arange(length, device=device)[None, :]
     return ((k <= q) & (k > q - window))[None, None]
-
-
-class LayerScale(nn.Module):
-    """A learned per-channel factor on a residual branch."""
-
-    def __init__(self, channels: int) -> None:
-        super().__init__()
-        self.scale = nn.Parameter(torch.ones(channels))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """scale * x."""
-        return self.scale * x
 
 
 class SelfAttention(nn.Module):
