@@ -122,14 +122,17 @@ class Qwen3TTSModel(Model):
             return None, self._clone(voice, request.mode == "clone")
         with self._voices_lock:
             cached = self.cached.get(voice)
-        if cached is not None:
-            return None, cached
+        if cached is not None:  # asked as cross_lingual, a voice cached with its transcript clones by x-vector
+            return None, cached if request.mode == "clone" else ClonePrompt(cached.xvector)
         return (None if voice == DESIGN_VOICE and self.layout.kind == "voice_design" else voice), None
 
     def frames(self, request: SynthesisRequest, generator: torch.Generator) -> tuple[Iterator[torch.Tensor], Any]:
         """The request's frames of codes as the talker draws them, and its clone prompt (None for presets)."""
         if request.text_streamed:
             raise InvalidRequest("Qwen3-TTS takes the text as one string", field="text")
+        if request.speed != 1.0:  # upstream has no speed control, and resampling the audio would change its pitch
+            raise InvalidRequest(f"Qwen3-TTS speaks at its own pace: speed must be 1, got {request.speed:g}",
+                                 field="speed")
         options = request.options
         sampling = sampling_from(options)
         speaker, clone = self._voice(request)

@@ -128,3 +128,33 @@ def test_a_directory_this_engine_cannot_run_is_refused_naming_why(any_case, tmp_
     assert Qwen3TTSEngine().detect(copy) is False
     with pytest.raises(ModelLoadError, match=says):
         read_layout(copy)
+
+
+def test_a_speed_other_than_one_is_refused_before_any_work(any_case):
+    name = _loaded(any_case.model_dir)
+    request = _request(any_case)
+    with pytest.raises(InvalidRequest, match="speed must be 1"):
+        list(_runtime().synthesize(name, request.pop("text"), speed=1.5, **request))
+
+
+def test_a_voice_cached_with_its_transcript_clones_in_context_or_by_x_vector_as_asked(case):
+    """The cached prompt equals the clip's own: in context (mode clone) it gives the case's audio; asked as
+    cross_lingual it speaks by x-vector alone, as a clip given without its transcript does."""
+    if case.spec["method"] != "generate_voice_clone" or case.kwargs.get("x_vector_only_mode"):
+        return
+    name = _loaded(case.model_dir)
+    rt, request = _runtime(), _request(case)
+    text, clip = request.pop("text"), request.pop("voice")
+    rt.model(name).add_voice(f"cached-{case.name}", clip.audio, clip.text)
+    try:
+        cached = list(rt.synthesize(name, text, **{**request, "voice": f"cached-{case.name}"}))[0].samples
+        case.cpu.assert_equal(cached, case.tensors()["wav"], "wav", f"{case.name} wav from the cached voice")
+        by_xvector = list(rt.synthesize(name, text, **{**request, "voice": f"cached-{case.name}",
+                                                        "mode": "cross_lingual"}))[0].samples
+        from mizuoto.runtime.engine import Reference
+
+        direct = list(rt.synthesize(name, text, **{**request, "voice": Reference(clip.audio),
+                                                    "mode": "cross_lingual"}))[0].samples
+        assert torch.equal(by_xvector, direct)
+    finally:
+        rt.model(name).remove_voice(f"cached-{case.name}")
