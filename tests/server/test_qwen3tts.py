@@ -268,10 +268,11 @@ async def _wy_describe(port: int) -> Info:
         return Info.from_event(event)
 
 
-async def _wy_speak(port: int, voice: str) -> tuple[bytes, Error | None]:
+async def _wy_speak(port: int, voice: str | SynthesizeVoice) -> tuple[bytes, Error | None]:
     """(PCM16 of the audio-chunk events, the error event if one came instead) of one synthesize."""
+    voice = SynthesizeVoice(name=voice) if isinstance(voice, str) else voice
     async with AsyncTcpClient("127.0.0.1", port, connect_timeout=5, read_timeout=WAIT) as c:
-        await c.write_event(Synthesize(text=TEXT, voice=SynthesizeVoice(name=voice)).event())
+        await c.write_event(Synthesize(text=TEXT, voice=voice).event())
         audio = b""
         while True:
             event = await c.read_event()
@@ -298,9 +299,15 @@ def test_wyoming_every_voice_it_offers_speaks_and_a_bad_option_is_an_error(dirs,
     state.voices["ref"] = StoredVoice("ref", clip[0], clip[1], ref_text)
     state.voices["ref-x"] = StoredVoice("ref-x", clip[0], clip[1], None)
     with _wyoming(WyomingService(state, seed=SEED, params=tuple(f"{k}={v}" for k, v in OPTIONS.items()))) as port:
-        offered = {v.name for p in asyncio.run(_wy_describe(port)).tts for v in p.voices}
+        info = [v for p in asyncio.run(_wy_describe(port)).tts for v in p.voices]
+        offered = {v.name for v in info}
         presets = [v.id for v in state.runtime.voices("custom_voice")]
         assert offered == {f"custom_voice/{p}" for p in presets} | {"base/ref", "base/ref-x"}, offered
+        # languages as codes, as Home Assistant matches them (its "en" against en, en_US)
+        assert all("en" in v.languages and "zh" in v.languages for v in info), [v.languages for v in info]
+        first = info[0].name
+        speaks_en = asyncio.run(_wy_speak(port, SynthesizeVoice(language="en")))
+        assert speaks_en == asyncio.run(_wy_speak(port, first)) and speaks_en[0], f"language en is not {first}"
         speaks = {"base/ref": "base/clone", "base/ref-x": "base/cross_lingual",
                   f"custom_voice/{cases['custom_voice/preset']['voice']}": "custom_voice/preset"}
         for voice, label in speaks.items():
@@ -371,6 +378,7 @@ def test_web_page_lists_models_modes_presets_and_options(browser, served, client
         assert [o.get_attribute("value") for o in language.options] == next(
             o["enum"] for o in entry["options"] if o["name"] == "language"), name
         assert "english" in [o.get_attribute("value") for o in language.options]
+        assert "en" in entry["languages"], entry["languages"]  # the listing's languages are codes
     # the presets are every speaker of the model's config (upstream's get_supported_speakers)
     speakers = json.loads((dirs["custom_voice"] / "config.json").read_text())["talker_config"]["spk_id"]
     assert sorted(listed["custom_voice"]["voices"]) == sorted(k.lower() for k in speakers) and len(speakers) > 1
