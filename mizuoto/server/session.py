@@ -72,7 +72,8 @@ def build_request(state: ServerState, p: Any, reference: Reference | None, strea
                                 " (or give ref_audio to clone a voice)", "voice")
         voice = presets[0]
     caps = model.capabilities
-    if isinstance(voice, Reference) and not caps.modes & {"clone", "cross_lingual", "instruct", "vc"}:
+    # a model that speaks reference audio has a clone mode; instruct alone may take presets only (Qwen3-TTS CustomVoice)
+    if isinstance(voice, Reference) and not caps.modes & {"clone", "cross_lingual", "vc"}:
         raise ApiError(400, f"model {p.model} does not support mode 'clone' (voices from reference audio);"
                             f" it supports: {', '.join(sorted(caps.modes))}", "ref_audio" if reference else "voice")
     try:

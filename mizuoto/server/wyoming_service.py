@@ -17,7 +17,7 @@ from mizuoto.server.schemas import check_text, checked
 from mizuoto.server.state import ServerState
 
 _ATTRIBUTION = Attribution(name="Mizuoto", url="")
-_CLONES = frozenset({"clone", "cross_lingual", "instruct"})
+_CLONES = frozenset({"clone", "cross_lingual"})  # modes that speak a clip (instruct alone may take presets only)
 
 
 @dataclass(frozen=True)
@@ -64,12 +64,14 @@ class WyomingService:
             self.state.ensure_loaded(name)
 
     def voices(self) -> list[VoiceEntry]:
-        """Every served model's voices: its presets, then the uploaded voices if it can clone."""
+        """Every served model's voices: its presets (if it speaks them alone), then the uploaded voices if it clones."""
         state = self.state
         for model in state.loaded():
             try:
                 info, caps = state.runtime.info(model), state.runtime.model(model).capabilities
-                ids = [v.id for v in state.runtime.voices(model)]
+                # a request names a voice and nothing more: a preset that speaks only with an instruction (Qwen3-TTS
+                # VoiceDesign's) would fail every time
+                ids = [v.id for v in state.runtime.voices(model) if v.kind != "preset" or "preset" in caps.modes]
             except MizuotoError:  # evicted or unloaded meanwhile: keep what was last seen
                 continue
             if caps.modes & _CLONES:

@@ -2,7 +2,7 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const CLONING = ["clone", "cross_lingual", "instruct"];
+const CLONING = ["clone", "cross_lingual"];  // modes that speak a clip (instruct alone may take presets only)
 const page = { models: [], listing: 0, ctx: null, analyser: null, sources: [], playAt: 0, abort: null, monitor: null };
 // The last synthesis, for the curious (in the console) and for the browser test.
 window.mizuotoStats = null;

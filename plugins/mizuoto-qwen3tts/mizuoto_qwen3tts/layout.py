@@ -21,6 +21,10 @@ TOKENIZER_12HZ = "qwen3_tts_tokenizer_12hz"
 # upstream drops a CustomVoice instruction when `tts_model_size in "0b6"` (a substring test, so "0b6", "0b", "b6",
 # "0" and "" all drop it): such a model takes no instruction, and Mizuoto refuses one rather than drop it
 NO_INSTRUCT_SIZES = "0b6"
+# the capability lists languages as codes, as every engine does (listings, Wyoming's match of a client's "en");
+# requests name them as upstream does (the `language` option); a name not here is listed as it is
+ISO_639_1 = {"chinese": "zh", "english": "en", "german": "de", "italian": "it", "portuguese": "pt", "spanish": "es",
+             "japanese": "ja", "korean": "ko", "french": "fr", "russian": "ru"}
 
 
 def _json(path: Path) -> dict:
@@ -59,8 +63,8 @@ class ModelLayout:
 
     @property
     def language_codes(self) -> tuple[str, ...]:
-        """The languages a request may name (its `language` option), without "auto"."""
-        return tuple(x for x in self.languages if x != AUTO)
+        """The languages a request may name (its `language` option) as the model's capability: ISO 639-1 codes."""
+        return tuple(ISO_639_1.get(x, x) for x in self.languages if x != AUTO)
 
 
 def read_layout(model_dir: Path) -> ModelLayout:
