@@ -226,6 +226,35 @@ class RequestLine:
     def schedule(self) -> None:
         """Admit waiting requests in arrival order while each fits: the model's loop's admission (its own thread).
 
+        Should the line's own bookkeeping fail (a bug, not a refusal: `admit`'s errors go to their
+        request), the head of the line hears that error at once rather than at its deadline, and the
+        loop logs it (`Executor._fail_work`).
+        """
+        try:
+            self._admit_in_order()
+        except BaseException as bug:
+            self._refuse_head(bug)
+            raise
+
+    def _refuse_head(self, error: BaseException) -> None:
+        """Answer the first request still in line with `error` (its thread raises it)."""
+        ended = None
+        with self._cond:
+            self._admitting = None
+            head = next((r for r in self._queue if not r.left), None)
+            if head is not None:
+                self._queue.remove(head)
+                head.error = error
+                self._end(head, f"{type(error).__name__}: {error}")
+                if head.deciding:
+                    head.deciding, ended = False, head.lease
+            self._cond.notify_all()
+        if ended is not None:
+            ended.end_work()
+
+    def _admit_in_order(self) -> None:
+        """`schedule`'s work.
+
         A request is admitted when a place is free (`batch_width`), it fits beside the requests
         running with it (their `budget`), and its `admit` made room on the device; when memory
         other models' requests hold is not free yet, it keeps the head of the line and the loop

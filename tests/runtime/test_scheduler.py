@@ -303,6 +303,31 @@ def test_the_models_loop_admits_its_requests(tone_dir):
     sched.close()
 
 
+def test_a_failure_of_the_lines_own_bookkeeping_reaches_the_head_at_once(tone_dir, monkeypatch):
+    """A bug in admission itself (not a refusal by `admit`) is answered to the head of the line by the loop, so its
+    thread raises it at once instead of waiting out its deadline; the next request is admitted as usual."""
+    import time
+
+    model, sched, plan = _setup(tone_dir, stream=False, pinned=())
+    sched.apply(plan)
+    fits = sched._fits
+
+    def broken(request, width):
+        raise RuntimeError("the line's bookkeeping broke")
+    monkeypatch.setattr(sched, "_fits", broken)
+    lease = Lease(30)
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="bookkeeping broke"):
+        with sched.hold(lease, peak=3):
+            pass
+    assert time.monotonic() - started < 5, "the head waited for its deadline"
+    assert sched.requests() == [] and sched.running == 0
+    monkeypatch.setattr(sched, "_fits", fits)
+    with sched.hold(Lease(), peak=3):
+        assert sched.running == 1
+    sched.close()
+
+
 def test_a_request_waiting_for_memory_keeps_the_head_and_is_tried_again_only_when_woken(tone_dir):
     """`admit` False: the request waits for memory at the head of the line (a later one does not overtake it),
     and the loop tries again when something lets go (`wake`), not on a timer."""
