@@ -10,6 +10,8 @@ project's own:
     /work/qwref/bin/python plugins/mizuoto-qwen3tts/tests/reference/record.py record --cap avx2 [CASE...]
     /work/qwref/bin/python plugins/mizuoto-qwen3tts/tests/reference/record.py verify --cap avx2 [CASE...]
     /work/qwref/bin/python plugins/mizuoto-qwen3tts/tests/reference/record.py diff
+    /work/qwref/bin/python plugins/mizuoto-qwen3tts/tests/reference/record.py all --variant alt --tree /tmp/qwen-alt
+    /work/qwref/bin/python plugins/mizuoto-qwen3tts/tests/reference/record.py record --cap avx2 --variant alt --tree /tmp/qwen-alt
 
 `build` writes the model dirs under tests/fixtures/models/ (upstream's released file layout,
 configs from upstream's own config classes at reduced sizes, random seeded weights in upstream's
@@ -30,6 +32,11 @@ then also names `cpu_class`, the machine's `cpu` and the `isa_caps` in force). `
 oneDNN capped together). A class recording must keep every integer tensor and every case.json field
 of the tree's own, and is stored only when some float tensor differs from it. `diff` prints, per
 key, the largest differences between the tree's own recording and each class folder.
+
+Other trees: `--tree DIR` writes / reads DIR instead of tests/fixtures/, and `--variant alt` records
+there from a second recipe (`VARIANTS`: other sizes, 8 code groups, a 1024-code codebook, other ids,
+seeds, clips, texts and a decode past the codec decoder's 72-frame window), for checking a port on a
+tree of the same layout that is not the committed one (README.md, section 2b).
 
 What is patched, and why, is listed in README.md; in short: empty placeholder modules for `sox`,
 `onnxruntime` and `torchaudio` (imported at module level by the unused 25 Hz tokenizer only),
@@ -274,6 +281,13 @@ INIT = {
     "stop_tilt": {"pad_gain": 3.0, "pad_out": 2.0, "stop_weight": 1.6},
 }
 BUILD_SEEDS = {"codec": 1207, "base": 1234, "custom_voice": 4321}  # voice_design shares custom_voice's weights
+NUM_CODE_GROUPS = 16  # code groups of the talker / code predictor = the codec's quantizers (released: 16)
+ENCODER_QUANTIZERS = None  # the codec encoder's (Mimi's) quantizers when more than the valid NUM_CODE_GROUPS
+CODEBOOK_SIZE = 2048  # codes a codebook holds (released), the code predictor's vocabulary
+TALKER_VOCAB = 3072  # the talker's vocabulary (released): the codes, then 1024 control / language / speaker ids, which
+# upstream suppresses ([vocab - 1024, vocab)) but for the stop code
+STOP_WEIGHT: dict = {}  # model type -> the stop tilt's stop_weight where it is not INIT's (a variant's long decodes)
+VARIANT = "main"  # the recipe (`--variant`, VARIANTS): "main" is the committed tree's
 
 
 def _randomize(module, seed: int) -> None:
@@ -306,11 +320,13 @@ def _randomize(module, seed: int) -> None:
                 t.copy_(1.0 + 0.1 * r)
 
 
-def _tilt_stop(model, tts_pad_id: int) -> None:
-    """The stop tilt of INIT["stop_tilt"] on a Qwen3TTSForConditionalGeneration."""
+def _tilt_stop(model, tts_pad_id: int, stop_weight: float | None = None) -> None:
+    """The stop tilt of INIT["stop_tilt"] on a Qwen3TTSForConditionalGeneration (`stop_weight`: STOP_WEIGHT's)."""
     import torch
 
-    cfg = INIT["stop_tilt"]
+    cfg = dict(INIT["stop_tilt"])
+    if stop_weight is not None:
+        cfg["stop_weight"] = stop_weight
     talker = model.talker
     stop = talker.config.codec_eos_token_id
     with torch.no_grad():
@@ -405,9 +421,9 @@ def tts_config(model_type: str, tok):
     talker = dict(REDUCED["talker"])
     talker.update(CODEC_IDS)
     talker.update(
-        code_predictor_config=dict(REDUCED["code_predictor"], vocab_size=2048, num_code_groups=16,
+        code_predictor_config=dict(REDUCED["code_predictor"], vocab_size=CODEBOOK_SIZE, num_code_groups=NUM_CODE_GROUPS,
                                    max_position_embeddings=65536, rope_theta=1000000, rms_norm_eps=1e-6),
-        vocab_size=3072, num_code_groups=16, hidden_act="silu", max_position_embeddings=32768,
+        vocab_size=TALKER_VOCAB, num_code_groups=NUM_CODE_GROUPS, hidden_act="silu", max_position_embeddings=32768,
         rms_norm_eps=1e-6, rope_theta=1000000,
         text_vocab_size=(len(tok) + 63) // 64 * 64,
         codec_language_id=languages,
@@ -416,8 +432,8 @@ def tts_config(model_type: str, tok):
     )
     return Qwen3TTSConfig(
         talker_config=talker,
-        speaker_encoder_config=dict(REDUCED["speaker_encoder"], mel_dim=128, enc_kernel_sizes=[5, 3, 3, 3, 1],
-                                    enc_dilations=[1, 2, 3, 4, 1], sample_rate=24000),
+        speaker_encoder_config=dict(dict(enc_kernel_sizes=[5, 3, 3, 3, 1], enc_dilations=[1, 2, 3, 4, 1]),
+                                    **REDUCED["speaker_encoder"], mel_dim=128, sample_rate=24000),
         tokenizer_type="qwen3_tts_tokenizer_12hz",
         # "1b7" as released: generate_custom_voice drops the instruction when `tts_model_size in "0b6"`
         tts_model_size="1b7",
@@ -433,12 +449,14 @@ def codec_config():
     from qwen_tts.core import Qwen3TTSTokenizerV2Config
 
     encoder = dict(REDUCED["codec_encoder"], sampling_rate=24000, frame_rate=12.5, audio_channels=1,
-                   upsampling_ratios=[8, 6, 5, 4], codebook_size=2048, num_quantizers=16,
+                   upsampling_ratios=[8, 6, 5, 4], codebook_size=CODEBOOK_SIZE,
+                   num_quantizers=ENCODER_QUANTIZERS or NUM_CODE_GROUPS,
                    num_semantic_quantizers=1, sliding_window=250, max_position_embeddings=8000, use_cache=False)
-    decoder = dict(REDUCED["codec_decoder"], codebook_size=2048, num_quantizers=16, sliding_window=72,
-                   max_position_embeddings=8000, upsample_rates=[8, 5, 4, 3], upsampling_ratios=[2, 2])
+    decoder = dict(dict(upsample_rates=[8, 5, 4, 3], upsampling_ratios=[2, 2]), **REDUCED["codec_decoder"],
+                   codebook_size=CODEBOOK_SIZE, num_quantizers=NUM_CODE_GROUPS, sliding_window=72,
+                   max_position_embeddings=8000)
     return Qwen3TTSTokenizerV2Config(
-        encoder_config=encoder, decoder_config=decoder, encoder_valid_num_quantizers=16,
+        encoder_config=encoder, decoder_config=decoder, encoder_valid_num_quantizers=NUM_CODE_GROUPS,
         input_sample_rate=24000, output_sample_rate=24000, decode_upsample_rate=1920, encode_downsample_rate=1920,
         architectures=["Qwen3TTSTokenizerV2Model"],
     )
@@ -457,7 +475,7 @@ CLIPS_SPEC = {
 }
 
 
-def _make_clip(path: Path, sr: int, n: int, f0: float, seed: int) -> None:
+def _make_clip(path: Path, sr: int, n: int, f0: float, seed: int, channels: int = 1) -> None:
     import numpy as np
     import soundfile as sf
 
@@ -468,6 +486,8 @@ def _make_clip(path: Path, sr: int, n: int, f0: float, seed: int) -> None:
     voice = sum(a * np.sin(k * phase + p) for k, a, p in ((1, 1.0, 0.0), (2, 0.5, 0.3), (3, 0.3, 1.1), (5, 0.12, 2.0)))
     env = 0.15 + np.exp(-((t - 0.3 * t[-1]) / (0.15 * t[-1])) ** 2) + 0.8 * np.exp(-((t - 0.72 * t[-1]) / (0.12 * t[-1])) ** 2)
     x = 0.22 * env * voice / 1.92 + 0.02 * rng.standard_normal(n)
+    if channels > 1:  # stereo (variant clips): the channels differ in level and noise; upstream averages them
+        x = np.stack([x * (1.0 - 0.3 * c) + 0.01 * rng.standard_normal(n) for c in range(channels)], axis=1)
     sf.write(str(path), np.clip(x, -0.99, 0.99).astype(np.float32), sr, subtype="PCM_16")
 
 
@@ -485,8 +505,13 @@ def build() -> None:
 
     torch.set_num_threads(THREADS)
     CLIPS.mkdir(parents=True, exist_ok=True)
-    for name, (sr, n, f0, seed) in CLIPS_SPEC.items():
-        _make_clip(CLIPS / name, sr, n, f0, seed)
+    if not (FIXTURES / "cpu.json").is_file():  # a new tree (`--tree`): its own recording holds for this class
+        _write_json(FIXTURES / "cpu.json", {
+            "recorded_on": [_cpu_recordings().this_class().name],
+            "why": f"written by record.py build (variant {VARIANT}) on {_machine()}",
+        })
+    for name, (sr, n, f0, seed, *channels) in CLIPS_SPEC.items():
+        _make_clip(CLIPS / name, sr, n, f0, seed, *channels)
 
     MODELS.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -523,7 +548,7 @@ def build() -> None:
                 model.load_state_dict(weights["custom_voice"])
             else:
                 _randomize(model, seed)
-                _tilt_stop(model, cfg.tts_pad_token_id)
+                _tilt_stop(model, cfg.tts_pad_token_id, STOP_WEIGHT.get(model_type))
                 weights[model_type] = {k: v.detach().clone() for k, v in model.state_dict().items()}
             model.save_pretrained(str(out), safe_serialization=True)
             # Qwen3TTSSpeakerEncoderConfig.__init__ takes no **kwargs, but to_dict() adds
@@ -540,6 +565,13 @@ def build() -> None:
             _write_json(out / "reduced_config.json", {
                 "note": "not read by upstream: what differs from the released 12 Hz models, and how the weights were made",
                 "upstream": UPSTREAM, "reduced": REDUCED, "init": INIT, "build_seeds": BUILD_SEEDS,
+                **({} if VARIANT == "main" else {  # the main tree's file stays byte-identical to its recording
+                    "variant": VARIANT, "num_code_groups": NUM_CODE_GROUPS, "codebook_size": CODEBOOK_SIZE,
+                    "talker_vocab_size": TALKER_VOCAB,
+                    "encoder_quantizers": ENCODER_QUANTIZERS or NUM_CODE_GROUPS,
+                    "codec_ids": CODEC_IDS,
+                    "stop_weight": STOP_WEIGHT.get(model_type, INIT["stop_tilt"]["stop_weight"]),
+                }),
                 "weights_seed": seed, "shares_weights_with": "custom_voice" if model_type == "voice_design" else None,
                 "text_tokenizer": {"merge_words": MERGE_WORDS, "special_tokens": SPECIAL_TOKENS, "length": len(tok)},
                 "generation_config": GENERATION_CONFIG,
@@ -629,6 +661,118 @@ KEY_DOC = {
 }
 
 
+# --------------------------------------------------------------------------- variants and other trees
+
+# `--variant alt`: a second recipe for a tree of the same layout (written with `--tree DIR`, never into
+# the committed fixtures/), so a port is checked against other sizes, ids, seeds, clips and texts than
+# the committed tree's. Each entry replaces module globals of the same name before anything runs.
+_ALT_CODEC_IDS = {  # other control ids (all >= vocab - 1024, inside upstream's suppressed range but for the stop)
+    "codec_eos_token_id": 1203, "codec_think_id": 1207, "codec_nothink_id": 1208,
+    "codec_think_bos_id": 1209, "codec_think_eos_id": 1210, "codec_pad_id": 1201, "codec_bos_id": 1202,
+}
+_ALT_REF_TEXT = "Hello, the voice of this reference clip is warm."
+VARIANTS = {
+    "alt": {
+        "REDUCED": {
+            "talker": {
+                "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 3,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+                "rope_scaling": {"rope_type": "default", "mrope_section": [2, 1, 1], "interleaved": True},
+                "text_hidden_size": 40,
+            },
+            "code_predictor": {  # as wide as the talker: small_to_mtp_projection is an Identity, as in 0.6B
+                "hidden_size": 32, "intermediate_size": 40, "num_hidden_layers": 1,
+                "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
+            },
+            "speaker_encoder": {
+                "enc_dim": 32, "enc_channels": [24, 24, 24, 24, 72], "enc_attention_channels": 12,
+                "enc_res2net_scale": 4, "enc_se_channels": 12,
+                "enc_kernel_sizes": [3, 5, 3, 3, 1], "enc_dilations": [1, 2, 2, 3, 1],
+            },
+            "codec_encoder": {
+                "hidden_size": 48, "num_filters": 2, "num_residual_layers": 1, "codebook_dim": 6,
+                "vector_quantization_hidden_dimension": 6, "num_hidden_layers": 2, "intermediate_size": 64,
+                "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 12, "upsample_groups": 48,
+            },
+            "codec_decoder": {
+                "hidden_size": 24, "latent_dim": 48, "intermediate_size": 40, "num_attention_heads": 3,
+                "num_key_value_heads": 1, "head_dim": 8, "num_hidden_layers": 2, "codebook_dim": 12,
+                "decoder_dim": 48, "upsample_rates": [6, 5, 4, 4], "upsampling_ratios": [2, 2],
+            },
+        },
+        "NUM_CODE_GROUPS": 8,
+        "ENCODER_QUANTIZERS": 10,  # Mimi computes 10 codes a frame; the speech tokenizer keeps the first 8
+        # a longer text vocabulary: every special token's id and text_vocab_size (448) move
+        "MERGE_WORDS": [*MERGE_WORDS, "Ġsoft", "Ġbright", "Ġquiet", "Ġloud", "Ġhappy", "Ġsad", "Ġfast", "Ġdeep",
+                        "Ġhigh", "Ġlow", "Ġspeaker", "Ġmorning", "Ġevening", "Ġweather", "Ġtoday", "Ġtomorrow",
+                        "Ġwonderful", "Ġbeautiful", "Ġsentence", "Ġlanguage"],
+        "CODEBOOK_SIZE": 1024,  # half the released codebook, and the talker's vocabulary with it (1024 + 1024)
+        "TALKER_VOCAB": 2048,
+        "CODEC_IDS": _ALT_CODEC_IDS,
+        "LANGUAGE_IDS": {
+            "chinese": 1101, "english": 1102, "german": 1103, "italian": 1104, "portuguese": 1105,
+            "spanish": 1106, "japanese": 1107, "korean": 1108, "french": 1109, "russian": 1110,
+        },
+        "DIALECT_IDS": {"beijing_dialect": 1121, "sichuan_dialect": 1122},
+        "SPEAKER_IDS": {
+            "serena": 1801, "vivian": 1802, "uncle_fu": 1803, "ryan": 1804, "aiden": 1805,
+            "ono_anna": 1806, "sohee": 1807, "eric": 1808, "dylan": 1809,
+        },
+        "SPEAKER_DIALECT": {"uncle_fu": "sichuan_dialect", "dylan": "beijing_dialect"},
+        "BUILD_SEEDS": {"codec": 77, "base": 2718, "custom_voice": 3141},
+        # custom_voice / voice_design: no stop tilt at all, so decodes run to max_new_tokens (one past the
+        # codec decoder's 72-frame sliding window) unless a draw lands on the stop code by chance
+        "STOP_WEIGHT": {"custom_voice": 0.0},
+        "CLIPS_SPEC": {
+            # (sample rate, samples, f0 Hz, seed, channels): 22.05 kHz mono and 44.1 kHz stereo, both resampled
+            "clip22k_1p1s.wav": (22050, 24255, 180.0, 21),
+            "clip44k_stereo_0p9s.wav": (44100, 39690, 120.0, 22, 2),
+        },
+        "CASES_SPEC": {
+            "alt_icl_22k": ("base", "generate_voice_clone", {
+                "text": "The voice is warm and slow.", "language": "French",
+                "ref_audio": "clips/clip22k_1p1s.wav", "ref_text": _ALT_REF_TEXT,
+            }, 11, 30, "ICL clone, 22.05 kHz clip, French"),
+            "alt_icl_stereo_short": ("base", "generate_voice_clone", {
+                "text": "Test.", "language": "Japanese",
+                "ref_audio": "clips/clip44k_stereo_0p9s.wav", "ref_text": "Please speak.",
+            }, 12, 16, "ICL clone, 44.1 kHz stereo clip (averaged to mono), text shorter than the reference codes"),
+            "alt_xvec_stereo": ("base", "generate_voice_clone", {
+                "text": "Hello world, this is the test.", "language": "Korean",
+                "ref_audio": "clips/clip44k_stereo_0p9s.wav", "x_vector_only_mode": True,
+                "top_k": 5, "temperature": 1.2, "subtalker_top_k": 7,
+            }, 13, 30, "x-vector-only clone, stereo clip, sampling knobs"),
+            "alt_custom_long": ("custom_voice", "generate_custom_voice", {
+                "text": "Hello world, the voice is calm.", "speaker": "Serena", "language": "Spanish",
+            }, 14, 100, "no stop tilt: runs past the codec decoder's 72-frame sliding window"),
+            "alt_custom_dialect_greedy": ("custom_voice", "generate_custom_voice", {
+                "text": "你好。", "speaker": "Uncle_Fu", "language": "Chinese", "instruct": "Speak slowly.",
+                "non_streaming_mode": False, "do_sample": False, "subtalker_dosample": False,
+            }, 15, 12, "dialect speaker (sichuan), greedy, streaming text, instruction"),
+            "alt_design_italian": ("voice_design", "generate_voice_design", {
+                "text": "Hello, this is a voice.", "language": "Italian", "instruct": "A calm voice.",
+            }, 16, 14, "voice design, Italian"),
+        },
+    },
+}
+
+
+def apply_variant(name: str) -> None:
+    """Replace the recipe's module globals with variant `name`'s (VARIANTS)."""
+    global VARIANT
+    for key, value in VARIANTS[name].items():
+        assert key in globals(), key
+        globals()[key] = value
+    VARIANT = name
+
+
+def set_tree(root: Path) -> None:
+    """Write and read the tree at `root` instead of tests/fixtures/ (`--tree`)."""
+    global FIXTURES, MODELS, CLIPS, CASES
+    FIXTURES = Path(root).resolve()
+    MODELS, CLIPS, CASES = FIXTURES / "models", FIXTURES / "clips", FIXTURES / "cases"
+
+
 def _resolve(kwargs: dict) -> dict:
     out = dict(kwargs)
     if "ref_audio" in out:
@@ -712,7 +856,7 @@ class Observer:
         predictor_rows: list = []
 
         def predictor_hook(module, args, kwargs, output):
-            if len(predictor_rows) < 15:
+            if len(predictor_rows) < NUM_CODE_GROUPS - 1:
                 predictor_rows.append(output.logits[0, -1].detach().clone())
 
         self._hooks.append(talker.code_predictor.register_forward_hook(predictor_hook, with_kwargs=True))
@@ -777,7 +921,7 @@ class Observer:
         rec = {k: v.detach().cpu().clone().contiguous() for k, v in self.rec.items()}
         rec["talker_hidden"] = torch.stack(self._hidden_rows).contiguous()
         if self._predictor_rows:
-            assert len(self._predictor_rows) == 15
+            assert len(self._predictor_rows) == NUM_CODE_GROUPS - 1
             rec["predictor_first_logits"] = torch.stack(self._predictor_rows).contiguous()
         rec["wav"] = torch.from_numpy(wav.copy()).contiguous()
         assert rec["wav"].dtype == torch.float32
@@ -1064,9 +1208,18 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("command", choices=["build", "record", "verify", "all", "diff"])
     ap.add_argument("names", nargs="*", help="case names (record / verify); default all")
+    ap.add_argument("--tree", type=Path, help="the tree to write / read (default: tests/fixtures/ next to this folder)")
+    ap.add_argument("--variant", choices=["main", *VARIANTS], default="main",
+                    help="the recipe (VARIANTS); a variant other than main needs --tree")
     ap.add_argument("--cap", choices=sorted(ISA_CAPS),
                     help="record / verify as this narrower CPU class (ISA_CAPS sets the environment)")
     args = ap.parse_intermixed_args()
+    if args.variant != "main":
+        if args.tree is None or args.tree.resolve() == FIXTURES.resolve():
+            ap.error("--variant writes another tree: give --tree DIR (not the committed fixtures/)")
+        apply_variant(args.variant)
+    if args.tree is not None:
+        set_tree(args.tree)
     unknown = [n for n in args.names if n not in CASES_SPEC]
     if unknown or (args.names and args.command in ("build", "all", "diff")):
         ap.error(f"unknown cases {unknown}" if unknown else f"{args.command} takes no names")
