@@ -1,7 +1,7 @@
 """A clone's voice prompt: what the Base model keeps of a reference clip (upstream's `create_voice_clone_prompt`).
 
-Upstream loads the clip with `librosa.load(path, sr=None)` and resamples it to 24 kHz with
-`librosa.resample` (soxr HQ) when it is not at 24 kHz (`mizuoto.nn.dsp.soxr_resample` gives the same
+Upstream loads the clip with `librosa.load(path, sr=None)` and resamples it to the codec
+encoder's rate (24 kHz; the speaker encoder's must be the same) with `librosa.resample` (soxr HQ) (`mizuoto.nn.dsp.soxr_resample` gives the same
 samples); the speaker encoder turns it into an x-vector, and the codec encoder into reference codes,
 which only in-context cloning (a transcript given) reads. A prompt is stored, exported and imported
 as tensors (a cached voice).
@@ -19,12 +19,9 @@ from mizuoto.errors import AudioError, InvalidRequest
 from mizuoto.nn.dsp.soxr_resample import load_resampled
 from mizuoto.runtime.engine import VoicePrompt
 
-RATE = 24000  # what the speaker encoder and the codec encoder read
-
-
-def load_reference(source: Any) -> torch.Tensor:
-    """A reference clip (path, bytes or (samples, rate)) as upstream reads it: mono float32 (S,) at 24 kHz."""
-    wav = load_resampled(source, RATE)
+def load_reference(source: Any, rate: int) -> torch.Tensor:
+    """A reference clip (path, bytes or (samples, rate)) as upstream reads it: mono float32 (S,) at `rate`."""
+    wav = load_resampled(source, rate)
     if wav.size == 0:
         raise AudioError("the reference clip is empty", field="reference")
     return torch.from_numpy(np.ascontiguousarray(wav, dtype=np.float32))

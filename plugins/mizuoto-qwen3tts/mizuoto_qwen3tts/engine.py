@@ -74,7 +74,7 @@ class Qwen3TTSModel(Model):
 
     def _clone(self, reference: Reference, in_context: bool) -> ClonePrompt:
         """A reference clip's prompt: its x-vector, and for in-context cloning its codes and transcript."""
-        wav = load_reference(reference.audio)
+        wav = load_reference(reference.audio, self.parts.codec_encoder.sample_rate)
 
         def run(device: Any) -> ClonePrompt:
             with torch.inference_mode():

@@ -11,11 +11,13 @@ from typing import Any
 
 import torch
 
+from mizuoto.errors import ModelLoadError
 from mizuoto_qwen3tts.code_predictor import CodePredictor, load_code_predictor
 from mizuoto_qwen3tts.codec_decoder import CodecDecoder, load_codec_decoder
 from mizuoto_qwen3tts.codec_encoder import CodecEncoder, load_codec_encoder
 from mizuoto_qwen3tts.layout import ModelLayout
 from mizuoto_qwen3tts.prompt import Prompts
+from mizuoto_qwen3tts.speaker_encoder import SAMPLE_RATE as SPEAKER_RATE
 from mizuoto_qwen3tts.speaker_encoder import SpeakerEncoder, load_speaker_encoder
 from mizuoto_qwen3tts.talker import Talker, load_talker
 
@@ -65,7 +67,11 @@ class Parts:
 def load_parts(layout: ModelLayout) -> Parts:
     """Every module of the directory `layout` describes (float32, eval mode)."""
     base = layout.kind == "base"
-    return Parts(layout, Prompts(layout.model_dir), load_talker(layout.model_dir),
+    parts = Parts(layout, Prompts(layout.model_dir), load_talker(layout.model_dir),
                  load_code_predictor(layout.model_dir), load_codec_decoder(layout.codec_dir),
                  load_speaker_encoder(layout.model_dir) if base else None,
                  load_codec_encoder(layout.codec_dir) if base else None)
+    if base and parts.codec_encoder.sample_rate != SPEAKER_RATE:  # one clip, read once, feeds both encoders
+        raise ModelLoadError(f"{layout.codec_dir}: the codec encoder reads {parts.codec_encoder.sample_rate} Hz audio, "
+                             f"the speaker encoder {SPEAKER_RATE} Hz; a model whose two differ is not supported")
+    return parts
