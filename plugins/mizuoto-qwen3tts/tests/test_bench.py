@@ -1,4 +1,4 @@
-"""`mizuoto bench` on Qwen3-TTS: the engine's own stage calls timed, exactly the frames asked for (no timing asserted)."""
+"""`mizuoto bench` on Qwen3-TTS: the engine's own stage calls timed, exactly the frames asked for (no timings)."""
 
 import json
 import os
