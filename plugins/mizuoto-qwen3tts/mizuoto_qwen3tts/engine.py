@@ -40,6 +40,8 @@ class Qwen3TTSModel(Model):
         self._voices_lock = threading.Lock()
         self.figures = memory.Figures(parts, layout)
         self.batch_width = max(1, batch)
+        self.ban_stop = False  # set by the bench driver only: the talker speaks exactly max_new_tokens tokens
+        self.unbatched = False  # the bench's single-request table: the talker by itself on the calling thread
         talker_modules = {"talker": parts.talker, "predictor": parts.predictor}
         stages = []
         if layout.kind == "base":
@@ -144,7 +146,8 @@ class Qwen3TTSModel(Model):
                                  non_streaming=options["non_streaming_mode"])
         prefill = self.compute("talker", prompt, kind="lm input")  # the text is tokenized there: a few ids
         sizes = self.figures.talker_sizes(prefill.inputs_embeds.shape[1], sampling.max_new_tokens)
-        loop = self.decode("talker", lambda steps: parts.generate(prefill, sampling, generator, steps), **sizes)
+        loop = self.decode("talker", lambda steps: parts.generate(prefill, sampling, generator, steps, self.ban_stop),
+                           alone=self.unbatched, **sizes)
         return loop, clone
 
     def decode_codes(self, codes: torch.Tensor, context: int = 0) -> torch.Tensor:
@@ -219,3 +222,13 @@ class Qwen3TTSEngine(Engine):
         layout = read_layout(Path(model_dir))
         compute = getattr(options, "compute", None)
         return Qwen3TTSModel(layout, load_parts(layout), batch=int(getattr(compute, "batch", 1) or 1))
+
+    # `mizuoto bench --random qwen3tts` (1.7B; qwen3tts-1.7b the same, qwen3tts-0.6b the small one): full-size, random
+    bench_random = ("qwen3tts", "qwen3tts-1.7b", "qwen3tts-0.6b")
+
+    def bench_driver(self, model_dir: Path | None, random: str | None, options: Any, settings: Any,
+                     workdir: Path, assets: str | Path | None = None) -> Any:
+        """`mizuoto bench`'s driver: this engine's own model of a directory, or a full-size random one."""
+        from mizuoto_qwen3tts.bench import bench_driver
+
+        return bench_driver(model_dir, random, options, settings, workdir)

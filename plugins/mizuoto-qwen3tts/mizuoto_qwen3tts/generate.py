@@ -178,7 +178,7 @@ class FrameLoop:
     @torch.inference_mode()
     def generate(self, prefill: Prefill, options: SamplingOptions, generator: torch.Generator | None = None,
                  steps: Any | None = None, on_token: Callable[[int, torch.Tensor], None] | None = None,
-                 static_cache: bool | None = None) -> Iterator[torch.Tensor]:
+                 static_cache: bool | None = None, ban_stop: bool = False) -> Iterator[torch.Tensor]:
         """Each completed frame's codes, a LongTensor (groups,), as soon as it is drawn.
 
         `generator`: where every draw comes from (None: torch's default generator, as upstream);
@@ -186,7 +186,8 @@ class FrameLoop:
         `on_token(token, hidden)`: told each talker token and the hidden state (H,) it was drawn
         from, the last token too (the stop code, or one whose frame was never completed). The
         generator's return value says whether the stop code ended it. `static_cache`: the talker's
-        cache when it runs alone (None: static on CUDA only; see `_attach`).
+        cache when it runs alone (None: static on CUDA only; see `_attach`). `ban_stop`: the stop code
+        is never drawn, so exactly `max_new_tokens` tokens come (benchmarks only: `mizuoto bench`).
         """
         steps = self._attach(steps, prefill, options.max_new_tokens, static_cache)
         forward = steps.scores
@@ -194,7 +195,7 @@ class FrameLoop:
         drawn: list[int] = []
         for step in range(options.max_new_tokens):
             logits, hidden = scores[:, :self.vocab].clone(), scores[:, self.vocab:].clone()
-            token = draw(self._talker_scores(logits, drawn, options), options.do_sample, generator)
+            token = draw(self._talker_scores(logits, drawn, options, ban_stop), options.do_sample, generator)
             drawn.append(token)
             if on_token is not None:
                 on_token(token, hidden[0])
@@ -207,14 +208,15 @@ class FrameLoop:
             scores = yield from forward(x)
         return False
 
-    def _talker_scores(self, logits: torch.Tensor, drawn: list[int], o: SamplingOptions) -> torch.Tensor:
+    def _talker_scores(self, logits: torch.Tensor, drawn: list[int], o: SamplingOptions,
+                       ban_stop: bool = False) -> torch.Tensor:
         """transformers' processors over the talker's logits (1, V), in the order its generate builds them."""
         scores = logits
         if o.repetition_penalty != 1.0:  # over the talker's own tokens: its generate starts from no ids
             scores = lp.repetition_penalty(torch.tensor(drawn, dtype=torch.int64, device=scores.device).reshape(1, -1),
                                            scores,
                                            float(o.repetition_penalty))
-        if len(drawn) < MIN_NEW_TOKENS:
+        if len(drawn) < MIN_NEW_TOKENS or ban_stop:  # ban_stop: before the warpers, which keep the likeliest others
             # transformers' min-length and min-new-tokens processors both hold the stop code back here;
             # the second mask changes nothing the first did not
             scores = lp.suppress(scores, self._stop)

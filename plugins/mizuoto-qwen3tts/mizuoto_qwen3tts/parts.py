@@ -59,9 +59,10 @@ class Parts:
                                   speaker_embedding=clone.xvector if clone is not None else None,
                                   ref_codes=clone.ref_codes if in_context else None, non_streaming_mode=non_streaming)
 
-    def generate(self, prefill: Any, sampling: Any, generator: torch.Generator, steps: Any) -> Any:
-        """The frame loop over `steps` (the runtime's), each frame a LongTensor [groups]."""
-        return self.loop.generate(prefill, sampling, generator, steps)
+    def generate(self, prefill: Any, sampling: Any, generator: torch.Generator, steps: Any,
+                 ban_stop: bool = False) -> Any:
+        """The frame loop over `steps` (the runtime's), each frame a LongTensor [groups] (`ban_stop`: benchmarks)."""
+        return self.loop.generate(prefill, sampling, generator, steps, ban_stop=ban_stop)
 
 
 def load_parts(layout: ModelLayout) -> Parts:
