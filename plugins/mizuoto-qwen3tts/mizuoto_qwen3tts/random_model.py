@@ -40,7 +40,8 @@ import torch
 
 from mizuoto_qwen3tts.code_predictor import CodePredictor
 from mizuoto_qwen3tts.codec_decoder import CodecDecoder, decoder_config
-from mizuoto_qwen3tts.layout import AUTO, TOKENIZER_12HZ, ModelLayout
+from mizuoto_qwen3tts.ids import ModelIds
+from mizuoto_qwen3tts.layout import TOKENIZER_12HZ, ModelLayout
 from mizuoto_qwen3tts.parts import Parts
 from mizuoto_qwen3tts.talker import Talker, qwen3_config, talker_config
 
@@ -130,11 +131,10 @@ def write_configs(folder: Path, size: str) -> ModelLayout:
     for name, data in (("config.json", config), ("generation_config.json", GENERATION),
                        ("speech_tokenizer/config.json", CODEC)):
         (folder / name).write_text(json.dumps(data, indent=2), encoding="utf-8")  # the codec's is read for memory
-    talker = config["talker_config"]
-    speakers = {name: DIALECTS.get(name) for name in SPEAKERS}
-    languages = (AUTO,) + tuple(k for k in LANGUAGES if "dialect" not in k)
+    ids = ModelIds.from_config(config, str(folder / "config.json"))
     return ModelLayout(folder, config, dict(GENERATION), "custom_voice", config["tts_model_size"],
-                       talker["hidden_size"], GROUPS, speakers, languages)
+                       config["talker_config"]["hidden_size"], ids.groups, ids,
+                       {name: ids.dialects.get(name) for name in ids.speakers}, tuple(ids.supported_languages))
 
 
 def random_parts(kind: str, folder: Path, seed: int = 0) -> Parts:
