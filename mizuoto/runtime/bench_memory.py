@@ -74,7 +74,9 @@ class CallRecorder:
     and each call reservation (`Model.room`) is measured.
 
     The probe sees the whole process, so one call is measured at a time: a reservation made while
-    another is open (the rows of a batch inside the batch's own) is part of that one, not recorded.
+    another is open (the rows of a batch inside the batch's own, a streamed chunk's decode inside the
+    LM's generation) is part of that one, not recorded; the largest such reservation is added to that
+    one's planned figure (`nested`), as both are held at once.
     In a served case (`unmeasured`: the sequence stages) the rows' own reservations span their
     whole decoding, across the other requests' calls: they are not measured, and a call of another
     stage is measured while they are open (what the rows' steps add while it waits is in its figure).
@@ -93,6 +95,7 @@ class CallRecorder:
         self._turn = threading.Condition()
         self._owner: int | None = None  # the thread whose call is measured now (its nested calls re-enter)
         self._depth = 0
+        self._nested = 0  # the largest reservation made inside the call measured now
 
     @contextlib.contextmanager
     def place(self, stage: str, lease: Any = None) -> Iterator[Any]:
@@ -107,13 +110,20 @@ class CallRecorder:
             with self._lock:
                 self._open += 1
                 outer = self._open == 1
+                if outer:
+                    self._nested = 0
+                else:  # reserved while the outer one is held: its work is in the outer's peak, and so is its plan
+                    self._nested = max(self._nested, int(working))
             try:
                 if not outer:
                     yield
                     return
                 with measure_peak(self.device) as peak:
                     yield
-                call = {"stage": stage, "sizes": dict(sizes), "planned": int(working), "measured": peak[0]}
+                call = {"stage": stage, "sizes": dict(sizes), "planned": int(working) + self._nested,
+                        "measured": peak[0]}
+                if self._nested:
+                    call["nested"] = self._nested
                 self.calls.append(call)
                 if self.on_call is not None:
                     self.on_call(call)

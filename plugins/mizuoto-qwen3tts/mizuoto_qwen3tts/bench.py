@@ -104,6 +104,16 @@ class Qwen3TTSBench:
         for chunk in self.model.synthesize(replace(self._exactly(tokens), stream=True)):
             yield chunk.samples
 
+    # -- bench --memory ------------------------------------------------------------------------
+    tokens_per_second = FRAME_RATE
+
+    def memory_case(self, tokens: int, stream: bool, rows: int) -> None:
+        """One request of `tokens` frames through the model's own calls (each inside its reserved room)."""
+        if rows != 1:
+            raise InvalidRequest("bench --memory: Qwen3-TTS cases run one request (--memory-rows 1)")
+        for _ in self.model.synthesize(replace(self._exactly(tokens), stream=stream)):
+            pass
+
 
 def bench_driver(model_dir: Path | None, random: str | None, options: Any, settings: Any,
                  workdir: Path) -> Qwen3TTSBench:

@@ -6,7 +6,7 @@
   of the widest layer per position) and the logits; the code predictor's cache and logits per frame.
 - **Codec** (one decode of `frames`): the decoder's activations, the widest of its stages at its
   length (channels x samples) CODEC_WIDTHS times, bounded by upstream's chunk of 300 frames plus 25 of
-  context (the decoder never runs on more at once).
+  context (the decoder never runs on more at once), and the codebooks each call makes of its EMA sums.
 - **Voice** (a clone's front over `samples` at 24 kHz): the codec encoder's first convolutions at the
   full rate and the speaker encoder's layers over the mel frames.
 """
@@ -58,6 +58,7 @@ class Figures:
         self.default_new_tokens = int(layout.generation.get("max_new_tokens", 2048))
         codec = parts.codec_decoder
         self.codec_per_frame = codec_per_frame(layout)
+        self.codebooks = sum(t.numel() for n, t in codec.named_parameters() if n.endswith("embedding_sum")) * FLOAT
         self.rate = codec.sample_rate
         self.voice_per_sample = getattr(parts, "voice_per_sample", 0)
 
@@ -82,8 +83,10 @@ class Figures:
 
     # -- codec -------------------------------------------------------------------------------------
     def codec(self, frames: int) -> int:
-        """Bytes one decode of `frames` frames needs."""
-        return int(CODEC_WIDTHS * self.codec_per_frame * min(max(frames, 1), CODEC_CHUNK) * FLOAT + FIXED_BYTES)
+        """Bytes one decode of `frames` frames needs: its activations, and the codebooks it makes of its EMA sums
+        (each call divides them by their usage)."""
+        activations = CODEC_WIDTHS * self.codec_per_frame * min(max(frames, 1), CODEC_CHUNK) * FLOAT
+        return int(activations + self.codebooks + FIXED_BYTES)
 
     def codec_least(self) -> int:
         """What any decode needs."""
