@@ -96,16 +96,29 @@ def test_the_stand_in_tokenizer_keeps_the_chat_layout():
     assert all(0 <= i < 151936 for i in ids)
 
 
-def test_ban_stop_gives_exactly_max_new_tokens():
-    """With ban_stop the talker never draws its stop code: max_new_tokens tokens, one frame fewer; without it the
-    fixture's talker stops by itself first (the default path, checked equal to upstream elsewhere)."""
-    from mizuoto_qwen3tts.generate import SamplingOptions
+def test_ban_stop_gives_exactly_max_new_tokens(monkeypatch):
+    """With ban_stop the talker never draws its stop code: max_new_tokens tokens, one frame fewer. The talker's head
+    is tilted towards the stop code here, so without the ban it stops as soon as upstream's minimum of new tokens
+    allows, whatever the tree's weights."""
+    from mizuoto_qwen3tts.generate import MIN_NEW_TOKENS, SamplingOptions
     from mizuoto_qwen3tts.layout import read_layout
     from mizuoto_qwen3tts.parts import load_parts
 
-    parts = load_parts(read_layout(ROOT / "models" / "custom_voice"))
-    prefill = parts.prefill("Hello there.", language="english", speaker="ryan", instruct=None, clone=None,
-                            non_streaming=True)
+    layout = read_layout(ROOT / "models" / "custom_voice")
+    parts = load_parts(layout)
+    prefill = parts.prefill("Hello there.", language="auto", speaker=next(iter(layout.speakers)), instruct=None,
+                            clone=None, non_streaming=True)
+    eos, head = parts.loop.ids.codec_eos, parts.talker.head
+
+    class StopTilted(torch.nn.Module):
+        weight = head.weight
+        out_features = head.out_features
+
+        def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+            logits = head(hidden).clone()
+            logits[..., eos] += 1e4
+            return logits
+    monkeypatch.setattr(parts.talker, "head", StopTilted())
     options = SamplingOptions(max_new_tokens=40)
 
     def run(ban: bool) -> tuple[int, list[int]]:
@@ -114,6 +127,6 @@ def test_ban_stop_gives_exactly_max_new_tokens():
                                           on_token=lambda t, h: tokens.append(t), ban_stop=ban))
         return len(frames), tokens
     frames, tokens = run(True)
-    assert (frames, len(tokens)) == (39, 40) and parts.loop.ids.codec_eos not in tokens
+    assert (frames, len(tokens)) == (39, 40) and eos not in tokens
     frames, tokens = run(False)
-    assert frames < 39 and tokens[-1] == parts.loop.ids.codec_eos
+    assert (frames, len(tokens)) == (MIN_NEW_TOKENS, MIN_NEW_TOKENS + 1) and tokens[-1] == eos
